@@ -1,0 +1,45 @@
+#include <gtest/gtest.h>
+
+#include "opguard/common/hex.h"
+#include "opguard/common/log.h"
+#include "opguard/common/status.h"
+
+namespace opguard {
+namespace {
+
+Result<int> Half(int x) {
+  if (x % 2) return InvalidArgument("odd: " + std::to_string(x));
+  return x / 2;
+}
+
+Result<int> Quarter(int x) {
+  OPGUARD_ASSIGN_OR_RETURN(int h, Half(x));
+  return Half(h);
+}
+
+TEST(Status, PropagatesFirstError) {
+  EXPECT_EQ(*Quarter(8), 2);
+  Result<int> r = Quarter(6);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().ToString(), "invalid argument: odd: 3");
+}
+
+TEST(Hex, RoundTripsAndRejectsBadDigits) {
+  const uint8_t in[3] = {0x00, 0xab, 0xff};
+  EXPECT_EQ(ToHex(in, 3), "00abff");
+  uint8_t out[3];
+  ASSERT_TRUE(FromHex("00ABff", out, 3));
+  EXPECT_EQ(0, memcmp(in, out, 3));
+  EXPECT_FALSE(FromHex("00abf", out, 3));
+  EXPECT_FALSE(FromHex("00abfg", out, 3));
+}
+
+TEST(Log, ParsesLevels) {
+  LogLevel level;
+  EXPECT_TRUE(ParseLogLevel("warn", &level));
+  EXPECT_EQ(level, LogLevel::kWarn);
+  EXPECT_FALSE(ParseLogLevel("loud", &level));
+}
+
+}  // namespace
+}  // namespace opguard

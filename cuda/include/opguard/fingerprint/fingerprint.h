@@ -1,0 +1,70 @@
+// The OpGuard tensor fingerprint: a 128-bit, position-sensitive digest of a
+// tensor's logical bytes, with its dtype and shape mixed in, plus secondary
+// statistics computed in the same pass. Specified in docs/fingerprint.md; the
+// CPU path here and the CUDA kernels (fingerprint_cuda.h) return identical
+// bits for identical input.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+
+namespace opguard::fingerprint {
+
+// Numbering matches opguard.wire.DType (idl/common.fbs); keep them in step.
+enum class DType : uint8_t {
+  kUnknown = 0,
+  kFloat64, kFloat32, kFloat16, kBFloat16, kFloat8E4M3, kFloat8E5M2,
+  kInt64, kInt32, kInt16, kInt8, kUInt8, kBool,
+  kUInt16, kUInt32, kUInt64, kComplex64, kComplex128,
+};
+
+// Bytes per element; 0 for kUnknown.
+size_t DTypeSize(DType dtype);
+bool IsFloating(DType dtype);
+// Canonical name ("float32", "bfloat16", "float8_e4m3fn", ...).
+std::string_view DTypeName(DType dtype);
+// Accepts canonical names and common aliases (fp32, f32, bf16, half, fp8_e5m2, ...).
+bool ParseDType(std::string_view text, DType* out);
+
+struct Digest {
+  uint64_t lo = 0;  // digest bytes 0..7, little-endian
+  uint64_t hi = 0;  // digest bytes 8..15, little-endian
+  bool operator==(const Digest&) const = default;
+  // 32 lower-case hex digits: the 16 digest bytes in order.
+  std::string Hex() const;
+};
+
+// Secondary statistics (the digest alone decides equality). Floating dtypes:
+// all fields, accumulated in fp64 over finite values; integer/bool: min, max
+// and sum only. Empty tensors: counts 0, min/max/sum/l2 0.
+struct Stats {
+  uint64_t nan_count = 0;
+  uint64_t inf_count = 0;
+  double min = 0;
+  double max = 0;
+  double sum = 0;
+  double l2 = 0;
+};
+
+struct Fingerprint {
+  Digest digest;
+  Stats stats;
+};
+
+// A tensor as the fingerprint sees it: element type, logical shape and, for
+// non-contiguous tensors, strides in elements (empty = C-contiguous).
+struct TensorView {
+  const void* data = nullptr;
+  DType dtype = DType::kUnknown;
+  std::span<const int64_t> shape;
+  std::span<const int64_t> strides;
+};
+
+// CPU path. `threads` = 1 runs on the calling thread only; 0 uses the
+// hardware concurrency. The result does not depend on `threads`.
+Fingerprint FingerprintHost(const TensorView& tensor, int threads = 1);
+
+}  // namespace opguard::fingerprint

@@ -1,0 +1,13 @@
+// Wire schema version. Every Envelope carries {kSchemaMajor, kSchemaMinor}.
+// A receiver refuses a message whose major differs from its own; minors are
+// backward compatible (fields and union members are only appended).
+#pragma once
+
+#include <cstdint>
+
+namespace opguard::wire {
+
+inline constexpr uint16_t kSchemaMajor = 1;
+inline constexpr uint16_t kSchemaMinor = 0;
+
+}  // namespace opguard::wire

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Installs exactly the Debian 12 packages OpGuard's build, tests, benchmarks
+# and demo need. Idempotent: installs only what is missing and says what it
+# installed. Runs apt as root or through sudo; holds a lock so two callers
+# never run apt at the same time.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake pkg-config git
+  libzmq3-dev cppzmq-dev                    # ZeroMQ transport
+  libflatbuffers-dev flatbuffers-compiler   # wire format (flatc 2.0.8)
+  librocksdb-dev                            # daemon storage (RocksDB 7.8)
+  libboost1.74-dev                          # Asio / Beast (HTTP, timers)
+  libsystemd-dev                            # sd_notify
+  libxxhash-dev                             # string ids; XXH3 benchmark baseline
+  libgtest-dev libgmock-dev libbenchmark-dev
+  python3 python3-torch libtorch-dev        # PyTorch adapter and end-to-end tests
+  procps psmisc                             # pgrep/kill in integration tests
+  systemd                                   # systemd-analyze verify on the unit
+)
+
+SUDO=""
+if [[ $(id -u) -ne 0 ]]; then
+  SUDO="sudo"
+fi
+
+missing=()
+for pkg in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$pkg")
+  fi
+done
+
+if [[ ${#missing[@]} -eq 0 ]]; then
+  echo "setup-deps: all ${#PACKAGES[@]} packages already installed"
+  exit 0
+fi
+
+echo "setup-deps: installing ${missing[*]}"
+# flock: never two apt runs in parallel (CI and a developer shell, say).
+LOCK=/tmp/opguard-setup-deps.lock
+(
+  flock -w 1800 9
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+) 9>"$LOCK"
+echo "setup-deps: installed ${missing[*]}"
