@@ -13,6 +13,7 @@ PACKAGES=(
   libboost1.74-dev                          # Asio / Beast (HTTP, timers)
   libsystemd-dev                            # sd_notify
   libxxhash-dev                             # string ids; XXH3 benchmark baseline
+  nlohmann-json3-dev                        # JSON reports and HTTP answers
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-torch libtorch-dev        # PyTorch adapter and end-to-end tests
   procps psmisc                             # pgrep/kill in integration tests
