@@ -1,0 +1,432 @@
+#include "opguard/aligner/align.h"
+
+#include <algorithm>
+#include <limits>
+#include <optional>
+#include <string>
+#include <unordered_map>
+
+#include "hash.h"
+
+namespace opguard::aligner {
+namespace {
+
+constexpr size_t kMaxNotes = 4;
+constexpr int64_t kNeg = std::numeric_limits<int64_t>::min() / 2;
+// Below this many candidates the anchor search scans vectors; a hash map only
+// pays off for long resync distances.
+constexpr size_t kLinearScanLimit = 32;
+// How much an anchor's skew (implied unaligned ops) outweighs its distance.
+// A copy of the k-gram one layer away in one run only has a skew of about a
+// layer; the true resync point has the (small) net insert count.
+constexpr size_t kSkewWeight = 4;
+
+enum : uint8_t { kStop = 0, kDiag = 1, kUp = 2, kLeft = 3 };
+
+class LaneAligner {
+ public:
+  LaneAligner(const std::vector<OpEvent>& ref, const std::vector<OpEvent>& sus,
+              const AlignOptions& options, Alignment* out)
+      : r_(ref), s_(sus), o_(options), out_(out) {
+    if (o_.anchor_length == 0) o_.anchor_length = 1;
+  }
+
+  void Run() {
+    const size_t n = r_.size(), m = s_.size();
+    out_->pairs.reserve(std::min(n, m));
+    size_t i = 0, j = 0;
+    while (i < n && j < m) {
+      // Fast path: long identical stretches cost one key compare per op.
+      if (r_[i].key == s_[j].key) {
+        out_->pairs.push_back(Pair{static_cast<uint32_t>(i), static_cast<uint32_t>(j), 0});
+        ++i;
+        ++j;
+        continue;
+      }
+      size_t ai = 0, aj = 0;
+      // Near the end of either run a true anchor may not fit; a DP over the
+      // rest is exact there and small.
+      const bool tail = std::min(n - i, m - j) <= 4 * size_t{o_.anchor_length};
+      if (!tail && FindAnchor(i, j, &ai, &aj)) {
+        MatchWindow(i, ai, j, aj);
+        i = ai;
+        j = aj;
+        continue;
+      }
+      const size_t span = size_t{o_.max_lookahead} + o_.anchor_length;
+      const size_t bi = std::min(n, i + span), bj = std::min(m, j + span);
+      if (bi < n && bj < m) {
+        Note("no anchor within " + std::to_string(o_.max_lookahead) + " ops after reference op #" +
+             std::to_string(r_[i].op_index) + " / suspect op #" + std::to_string(s_[j].op_index) +
+             ": matched a bounded window without one");
+      }
+      MatchWindow(i, bi, j, bj);
+      i = bi;
+      j = bj;
+    }
+  }
+
+ private:
+  uint64_t GramHash(const std::vector<OpEvent>& v, size_t p) const {
+    uint64_t h = 0x9e3779b97f4a7c15ULL;
+    for (size_t k = 0; k < o_.anchor_length; ++k) {
+      h = (h ^ v[p + k].key) * 0xff51afd7ed558ccdULL;
+      h ^= h >> 32;
+    }
+    return Mix64(h);
+  }
+
+  bool GramEqual(size_t p, size_t q) const {
+    for (size_t k = 0; k < o_.anchor_length; ++k) {
+      if (r_[p + k].key != s_[q + k].key) return false;
+    }
+    return true;
+  }
+
+  // Resync point after a mismatch at (i, j): a pair (p, q) where
+  // anchor_length keys starting at p and q are equal and p is a deterministic
+  // op. Candidates are ranked by max(d1, d2) + |d1 - d2| for d1 = p - i,
+  // d2 = q - j: the skew |d1 - d2| is a lower bound on the ops the window
+  // leaves unaligned, the max is how far away the anchor is. Plain nearest
+  // distance would be wrong with repeated identical layers: the same k-gram
+  // one layer further in one run only is "near" but shifts every later pair
+  // by a layer. The search expands both runs one op at a time and stops once
+  // no unseen candidate can score better (anything first seen at step s
+  // scores >= s), so a small edit costs a small search.
+  bool FindAnchor(size_t i, size_t j, size_t* ai, size_t* aj) {
+    const size_t k = o_.anchor_length, n = r_.size(), m = s_.size();
+    if (n - i < k || m - j < k) return false;
+    const size_t lim_r = std::min<size_t>(o_.max_lookahead, n - k - i);
+    const size_t lim_s = std::min<size_t>(o_.max_lookahead, m - k - j);
+    seen_r_.clear();
+    seen_s_.clear();
+    map_r_.clear();
+    map_s_.clear();
+    bool use_map = false;
+    constexpr size_t kNone = std::numeric_limits<size_t>::max();
+    size_t best_score = kNone;
+    cands_.clear();  // best candidate per diagonal (q - j) - (p - i)
+    auto consider = [&](size_t p, size_t q) {
+      if (!GramEqual(p, q)) return;  // hash collision
+      size_t d1 = p - i, d2 = q - j;
+      size_t skew = d1 > d2 ? d1 - d2 : d2 - d1;
+      size_t score = std::max(d1, d2) + kSkewWeight * skew;
+      best_score = std::min(best_score, score);
+      int64_t diag = static_cast<int64_t>(d2) - static_cast<int64_t>(d1);
+      for (Candidate& c : cands_) {
+        if (c.diag == diag) {
+          if (score < c.score) c = Candidate{diag, score, p, q};
+          return;
+        }
+      }
+      cands_.push_back(Candidate{diag, score, p, q});
+    };
+    // Every occurrence is kept: with repeated layers the right partner is
+    // usually not the first copy.
+    auto for_each = [&](bool in_ref, uint64_t h, auto&& fn) {
+      if (use_map) {
+        auto& mp = in_ref ? map_r_ : map_s_;
+        auto it = mp.find(h);
+        if (it != mp.end()) {
+          for (uint32_t pos : it->second) fn(pos);
+        }
+        return;
+      }
+      for (const auto& [hh, pos] : in_ref ? seen_r_ : seen_s_) {
+        if (hh == h) fn(pos);
+      }
+    };
+    auto add = [&](bool in_ref, uint64_t h, size_t pos) {
+      if (use_map) {
+        (in_ref ? map_r_ : map_s_)[h].push_back(static_cast<uint32_t>(pos));
+      } else {
+        (in_ref ? seen_r_ : seen_s_).emplace_back(h, pos);
+      }
+    };
+    // Search a little past the best score: a farther anchor on another
+    // diagonal may be the true one (see ChooseAnchor).
+    for (size_t s = 0; s <= std::max(lim_r, lim_s); ++s) {
+      if (best_score != kNone && s >= 2 * best_score + 2) break;
+      if (!use_map && s == kLinearScanLimit) {
+        use_map = true;
+        for (const auto& [h, pos] : seen_r_) map_r_[h].push_back(static_cast<uint32_t>(pos));
+        for (const auto& [h, pos] : seen_s_) map_s_[h].push_back(static_cast<uint32_t>(pos));
+      }
+      if (s <= lim_r && !r_[i + s].nondeterministic()) {
+        uint64_t h = GramHash(r_, i + s);
+        add(true, h, i + s);
+        for_each(false, h, [&](size_t q) { consider(i + s, q); });
+      }
+      if (s <= lim_s) {
+        uint64_t h = GramHash(s_, j + s);
+        add(false, h, j + s);
+        for_each(true, h, [&](size_t p) { consider(p, j + s); });
+      }
+    }
+    if (cands_.empty()) return false;
+    ChooseAnchor(i, j, ai, aj);
+    return true;
+  }
+
+  // With repeated identical layers, k-grams one layer apart are equal, so
+  // several diagonals offer an anchor. The window each implies is matched
+  // (DP + rescue, as it would be for real) and the one leaving the fewest ops
+  // unaligned wins; ties go to the better score. Only the few best-scored
+  // diagonals are tried, so the cost stays a small multiple of one window.
+  void ChooseAnchor(size_t i, size_t j, size_t* ai, size_t* aj) {
+    std::sort(cands_.begin(), cands_.end(),
+              [](const Candidate& x, const Candidate& y) { return x.score < y.score; });
+    if (cands_.size() > kMaxCandidates) cands_.resize(kMaxCandidates);
+    size_t best = 0, best_unaligned = std::numeric_limits<size_t>::max();
+    if (cands_.size() > 1) {
+      for (size_t k = 0; k < cands_.size(); ++k) {
+        size_t na = cands_[k].p - i, nc = cands_[k].q - j;
+        size_t paired = na == 0 || nc == 0 ? 0 : TryWindow(i, cands_[k].p, j, cands_[k].q);
+        size_t unaligned = na + nc - 2 * paired;
+        if (unaligned < best_unaligned) {
+          best_unaligned = unaligned;
+          best = k;
+        }
+      }
+    }
+    *ai = cands_[best].p;
+    *aj = cands_[best].q;
+  }
+
+  // Pairs the window would get (no side effects on the result).
+  size_t TryWindow(size_t a, size_t b, size_t c, size_t d) {
+    const size_t na = b - a, nc = d - c;
+    if (uint64_t(na + 1) * (nc + 1) > o_.max_window_cells) return 0;
+    local_.clear();
+    BandedDp(a, na, c, nc, nc);
+    count_only_ = true;
+    Rescue(a, na, c, nc);
+    count_only_ = false;
+    return local_.size();
+  }
+
+  void MatchWindow(size_t a, size_t b, size_t c, size_t d) {
+    const size_t na = b - a, nc = d - c;
+    ++out_->windows;
+    out_->largest_window = std::max<uint64_t>(out_->largest_window, std::max(na, nc));
+    if (na == 0 || nc == 0) return;
+    local_.clear();
+    // Full DP when it fits the budget (exact for any path shape, e.g. a long
+    // insertion at one end of an unanchored tail window); otherwise a band
+    // wide enough that consecutive rows' bands overlap.
+    size_t w = o_.band + (nc + na - 1) / na;
+    if (uint64_t(na + 1) * (nc + 1) <= o_.max_window_cells) w = nc;
+    const uint64_t cells = uint64_t(na + 1) * std::min<uint64_t>(nc + 1, 2 * w + 1);
+    if (cells <= o_.max_window_cells && out_->dp_cells + cells <= o_.max_total_cells) {
+      out_->dp_cells += cells;
+      BandedDp(a, na, c, nc, w);
+    } else {
+      out_->degraded = true;
+      Note("window of " + std::to_string(na) + " x " + std::to_string(nc) +
+           " ops at reference op #" + std::to_string(r_[a].op_index) +
+           " exceeds the DP budget: matched by key occurrence (monotone, not optimal)");
+      OccurrenceMatch(a, na, c, nc);
+    }
+    Rescue(a, na, c, nc);
+    std::sort(local_.begin(), local_.end(), [](const Pair& x, const Pair& y) { return x.ref < y.ref; });
+    out_->pairs.insert(out_->pairs.end(), local_.begin(), local_.end());
+  }
+
+  // Longest common subsequence of keys inside a band around the window's
+  // diagonal. Among equally long ones, the one whose matches stay closest to
+  // the window's entry offset wins ("closeness in op index"): with repeated
+  // layers the same number of matches is often available one layer off.
+  void BandedDp(size_t a, size_t na, size_t c, size_t nc, size_t w) {
+    lo_.resize(na + 1);
+    hi_.resize(na + 1);
+    base_.resize(na + 2);
+    base_[0] = 0;
+    for (size_t x = 0; x <= na; ++x) {
+      size_t center = x * nc / na;
+      lo_[x] = center > w ? center - w : 0;
+      hi_[x] = std::min(nc, center + w);
+      base_[x + 1] = base_[x] + (hi_[x] - lo_[x] + 1);
+    }
+    dir_.assign(base_[na + 1], kStop);
+    prev_.assign(nc + 1, kNeg);
+    cur_.assign(nc + 1, kNeg);
+    for (size_t y = lo_[0]; y <= hi_[0]; ++y) {
+      prev_[y] = 0;
+      dir_[base_[0] + y - lo_[0]] = y == 0 ? kStop : kLeft;
+    }
+    // Lexicographic (matches, -deviation) packed into one integer: one match
+    // is worth more than any total deviation the window can accumulate.
+    const int64_t match = static_cast<int64_t>((na + nc + 1) * std::min(na, nc) + 1);
+    for (size_t x = 1; x <= na; ++x) {
+      const uint64_t rkey = r_[a + x - 1].key;
+      const size_t plo = lo_[x - 1], phi = hi_[x - 1];
+      for (size_t y = lo_[x]; y <= hi_[x]; ++y) {
+        int64_t up = (y >= plo && y <= phi) ? prev_[y] : kNeg;
+        int64_t left = y > lo_[x] ? cur_[y - 1] : kNeg;
+        int64_t diag = kNeg;
+        if (y >= 1 && y - 1 >= plo && y - 1 <= phi && s_[c + y - 1].key == rkey && prev_[y - 1] > kNeg) {
+          int64_t dev = static_cast<int64_t>(x > y ? x - y : y - x);
+          diag = prev_[y - 1] + match - dev;
+        }
+        uint8_t dir;
+        int64_t best;
+        if (diag > kNeg && diag >= up && diag >= left) {
+          dir = kDiag;
+          best = diag;
+        } else if (up >= left) {
+          dir = kUp;
+          best = up;
+        } else {
+          dir = kLeft;
+          best = left;
+        }
+        if (best <= kNeg) dir = kStop;
+        cur_[y] = best;
+        dir_[base_[x] + y - lo_[x]] = dir;
+      }
+      // Cells of the previous band outside this one must read as unreachable.
+      for (size_t y = plo; y <= phi; ++y) prev_[y] = kNeg;
+      std::swap(prev_, cur_);
+    }
+    size_t x = na, y = nc;
+    while (x > 0 || y > 0) {
+      if (y < lo_[x] || y > hi_[x]) break;  // cannot happen: bands overlap
+      uint8_t dir = dir_[base_[x] + y - lo_[x]];
+      if (dir == kDiag) {
+        local_.push_back(Pair{static_cast<uint32_t>(a + x - 1), static_cast<uint32_t>(c + y - 1), 0});
+        --x;
+        --y;
+      } else if (dir == kUp) {
+        --x;
+      } else if (dir == kLeft) {
+        --y;
+      } else {
+        break;
+      }
+    }
+  }
+
+  // Fallback for windows over budget: pair the k-th occurrence of each key in
+  // both runs, then keep the longest increasing subsequence (monotone).
+  void OccurrenceMatch(size_t a, size_t na, size_t c, size_t nc) {
+    std::unordered_map<uint64_t, std::vector<uint32_t>> by_key;
+    std::unordered_map<uint64_t, size_t> used;
+    for (size_t y = 0; y < nc; ++y) by_key[s_[c + y].key].push_back(static_cast<uint32_t>(c + y));
+    std::vector<Pair> cand;
+    for (size_t x = 0; x < na; ++x) {
+      auto it = by_key.find(r_[a + x].key);
+      if (it == by_key.end()) continue;
+      size_t& u = used[it->first];
+      if (u < it->second.size()) cand.push_back(Pair{static_cast<uint32_t>(a + x), it->second[u++], 0});
+    }
+    // Patience sorting on cand[].sus.
+    std::vector<size_t> tails, prev(cand.size(), SIZE_MAX);
+    for (size_t k = 0; k < cand.size(); ++k) {
+      auto pos = std::lower_bound(tails.begin(), tails.end(), cand[k].sus,
+                                  [&](size_t t, uint32_t v) { return cand[t].sus < v; });
+      if (pos != tails.begin()) prev[k] = *(pos - 1);
+      if (pos == tails.end()) {
+        tails.push_back(k);
+      } else {
+        *pos = k;
+      }
+    }
+    for (size_t k = tails.empty() ? SIZE_MAX : tails.back(); k != SIZE_MAX; k = prev[k]) {
+      local_.push_back(cand[k]);
+    }
+  }
+
+  // Conservative rescue: leftover ops of the window with the same key, in
+  // order, whose relative positions are within rescue_distance, are the same
+  // op locally reordered (K before V in one run, V before K in the other).
+  void Rescue(size_t a, size_t na, size_t c, size_t nc) {
+    used_r_.assign(na, 0);
+    used_s_.assign(nc, 0);
+    for (const Pair& p : local_) {
+      used_r_[p.ref - a] = 1;
+      used_s_[p.sus - c] = 1;
+    }
+    left_r_.clear();
+    left_s_.clear();
+    for (size_t x = 0; x < na; ++x) {
+      if (!used_r_[x]) left_r_.push_back(x);
+    }
+    for (size_t y = 0; y < nc; ++y) {
+      if (!used_s_[y]) left_s_.push_back(y);
+    }
+    if (left_r_.empty() || left_s_.empty()) return;
+    auto close = [&](size_t x, size_t y) {
+      return (x > y ? x - y : y - x) <= o_.rescue_distance;
+    };
+    auto emit = [&](size_t x, size_t y) {
+      local_.push_back(Pair{static_cast<uint32_t>(a + x), static_cast<uint32_t>(c + y), Pair::kReordered});
+      if (!count_only_) ++out_->reordered;
+    };
+    if (left_r_.size() * left_s_.size() <= 4096) {
+      std::vector<uint8_t> taken(left_s_.size(), 0);
+      for (size_t x : left_r_) {
+        for (size_t t = 0; t < left_s_.size(); ++t) {
+          size_t y = left_s_[t];
+          if (!taken[t] && s_[c + y].key == r_[a + x].key && close(x, y)) {
+            taken[t] = 1;
+            emit(x, y);
+            break;
+          }
+        }
+      }
+      return;
+    }
+    std::unordered_map<uint64_t, std::vector<size_t>> by_key;
+    std::unordered_map<uint64_t, size_t> next;
+    for (size_t y : left_s_) by_key[s_[c + y].key].push_back(y);
+    for (size_t x : left_r_) {
+      auto it = by_key.find(r_[a + x].key);
+      if (it == by_key.end()) continue;
+      size_t& u = next[it->first];
+      // Skip candidates left too far behind; they cannot match later x.
+      while (u < it->second.size() && it->second[u] + o_.rescue_distance < x) ++u;
+      if (u < it->second.size() && close(x, it->second[u])) emit(x, it->second[u++]);
+    }
+  }
+
+  void Note(std::string note) {
+    out_->degraded = true;
+    if (out_->notes.size() < kMaxNotes) {
+      out_->notes.push_back(std::move(note));
+    } else if (out_->notes.size() == kMaxNotes) {
+      out_->notes.push_back("(further alignment notes omitted)");
+    }
+  }
+
+  const std::vector<OpEvent>& r_;
+  const std::vector<OpEvent>& s_;
+  AlignOptions o_;
+  Alignment* out_;
+  // Scratch reused across windows so that thousands of tiny windows cost no
+  // allocations.
+  std::vector<std::pair<uint64_t, size_t>> seen_r_, seen_s_;
+  std::unordered_map<uint64_t, std::vector<uint32_t>> map_r_, map_s_;
+  std::vector<Pair> local_;
+  struct Candidate {
+    int64_t diag;
+    size_t score;
+    size_t p, q;
+  };
+  static constexpr size_t kMaxCandidates = 4;
+  std::vector<Candidate> cands_;
+  bool count_only_ = false;
+  std::vector<size_t> lo_, hi_, base_, left_r_, left_s_;
+  std::vector<uint8_t> dir_, used_r_, used_s_;
+  std::vector<int64_t> prev_, cur_;
+};
+
+}  // namespace
+
+Alignment AlignLane(const std::vector<OpEvent>& ref, const std::vector<OpEvent>& sus,
+                    const AlignOptions& options) {
+  Alignment out;
+  LaneAligner(ref, sus, options, &out).Run();
+  return out;
+}
+
+}  // namespace opguard::aligner

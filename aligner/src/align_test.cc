@@ -1,0 +1,134 @@
+#include "opguard/aligner/align.h"
+
+#include <gtest/gtest.h>
+
+#include "test_util.h"
+
+namespace opguard::aligner {
+namespace {
+
+using testing::Lane;
+
+std::string Repeat(const std::string& s, int n) {
+  std::string out;
+  for (int i = 0; i < n; ++i) out += s + " ";
+  return out;
+}
+
+TEST(AlignLane, IdenticalUsesFastPathOnly) {
+  auto r = Lane("A B C D E F G H I J");
+  Alignment a = AlignLane(r.ops, r.ops);
+  EXPECT_EQ(a.pairs.size(), 10u);
+  EXPECT_EQ(a.windows, 0u);
+  EXPECT_FALSE(a.degraded);
+}
+
+TEST(AlignLane, InsertionAtStartMiddleEnd) {
+  auto r = Lane("A B C D E F G H I J K L");
+  auto s = Lane("X A B C D E Y F G H I J K L Z");
+  Alignment a = AlignLane(r.ops, s.ops);
+  ASSERT_EQ(a.pairs.size(), 12u);
+  EXPECT_EQ(a.pairs[0].sus, 1u);   // A
+  EXPECT_EQ(a.pairs[5].sus, 7u);   // F after Y
+  EXPECT_EQ(a.pairs[11].sus, 13u); // L before Z
+  EXPECT_EQ(a.reordered, 0u);
+}
+
+TEST(AlignLane, DeletionIsInsertionInTheReference) {
+  auto r = Lane("A B C Q D E F G H I J K");
+  auto s = Lane("A B C D E F G H I J K");
+  Alignment a = AlignLane(r.ops, s.ops);
+  ASSERT_EQ(a.pairs.size(), 11u);
+  EXPECT_EQ(a.pairs[3].ref, 4u);
+  EXPECT_EQ(a.pairs[3].sus, 3u);
+}
+
+TEST(AlignLane, LocalReorderIsRescued) {
+  auto r = Lane("A B Q K V O D E F G H I J");
+  auto s = Lane("A B Q V K O D E F G H I J");
+  Alignment a = AlignLane(r.ops, s.ops);
+  ASSERT_EQ(a.pairs.size(), 13u);
+  EXPECT_EQ(a.reordered, 1u);
+  // Sorted by reference position; K pairs with K, V with V.
+  EXPECT_EQ(a.pairs[3].ref, 3u);
+  EXPECT_EQ(a.pairs[3].sus, 4u);
+  EXPECT_EQ(a.pairs[4].ref, 4u);
+  EXPECT_EQ(a.pairs[4].sus, 3u);
+}
+
+TEST(AlignLane, ReorderOfThreeOps) {
+  auto r = Lane("A B Q K V W O D E F G H I J");
+  auto s = Lane("A B Q W K V O D E F G H I J");
+  Alignment a = AlignLane(r.ops, s.ops);
+  EXPECT_EQ(a.pairs.size(), 14u);
+  for (const Pair& p : a.pairs) EXPECT_EQ(r.ops[p.ref].key, s.ops[p.sus].key);
+}
+
+TEST(AlignLane, RepeatedIdenticalLayersPickTheNearestCopy) {
+  std::string layer = "ln q k v attn proj ln2 fc1 act fc2";
+  auto r = Lane(Repeat(layer, 30));
+  // One extra op inside layer 12: everything else must pair with its own layer.
+  std::string sus;
+  for (int i = 0; i < 30; ++i) sus += (i == 12 ? "ln q k v EXTRA attn proj ln2 fc1 act fc2 " : layer + " ");
+  auto s = Lane(sus);
+  Alignment a = AlignLane(r.ops, s.ops);
+  ASSERT_EQ(a.pairs.size(), 300u);
+  for (const Pair& p : a.pairs) {
+    uint32_t expect = p.ref < 124 ? p.ref : p.ref + 1;
+    EXPECT_EQ(p.sus, expect) << "ref " << p.ref;
+  }
+}
+
+TEST(AlignLane, RepeatedLayerDroppedWholesale) {
+  std::string layer = "ln q k v attn proj ln2 fc1 act fc2";
+  auto r = Lane(Repeat(layer, 20));
+  auto s = Lane(Repeat(layer, 19));
+  Alignment a = AlignLane(r.ops, s.ops);
+  EXPECT_EQ(a.pairs.size(), 190u);
+}
+
+TEST(AlignLane, LongInsertion) {
+  std::string ins;
+  for (int i = 0; i < 1000; ++i) ins += "I" + std::to_string(i) + " ";
+  auto r = Lane("A B C D E F G H I J K L M N O P");
+  auto s = Lane("A B C D E F G H " + ins + "I J K L M N O P");
+  Alignment a = AlignLane(r.ops, s.ops);
+  ASSERT_EQ(a.pairs.size(), 16u);
+  EXPECT_EQ(a.pairs[8].sus, 1008u);
+  EXPECT_FALSE(a.degraded);
+}
+
+TEST(AlignLane, UnrelatedRunsAreBoundedAndNoted) {
+  std::string x, y;
+  for (int i = 0; i < 3000; ++i) {
+    x += "x" + std::to_string(i) + " ";
+    y += "y" + std::to_string(i) + " ";
+  }
+  auto r = Lane(x), s = Lane(y);
+  AlignOptions o;
+  o.max_lookahead = 256;
+  Alignment a = AlignLane(r.ops, s.ops, o);
+  EXPECT_TRUE(a.pairs.empty());
+  EXPECT_TRUE(a.degraded);
+  EXPECT_FALSE(a.notes.empty());
+}
+
+TEST(AlignLane, OverBudgetWindowFallsBackButStillPairs) {
+  auto r = Lane("A B P Q R C D E F G H I J K L");
+  auto s = Lane("A B X R Q P Y C D E F G H I J K L");
+  AlignOptions o;
+  o.max_window_cells = 1;  // force the occurrence fallback
+  Alignment a = AlignLane(r.ops, s.ops, o);
+  EXPECT_EQ(a.pairs.size(), 15u);
+  EXPECT_TRUE(a.degraded);
+}
+
+TEST(AlignLane, EmptyInputs) {
+  auto r = Lane("A B C");
+  LaneTrace e;
+  EXPECT_TRUE(AlignLane(r.ops, e.ops).pairs.empty());
+  EXPECT_TRUE(AlignLane(e.ops, r.ops).pairs.empty());
+}
+
+}  // namespace
+}  // namespace opguard::aligner

@@ -1,0 +1,604 @@
+#include "opguard/aligner/render.h"
+
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <sstream>
+
+namespace opguard::aligner {
+
+using nlohmann::json;
+
+const char* DiffStatusName(DiffStatus s) {
+  switch (s) {
+    case DiffStatus::kIdentical: return "identical";
+    case DiffStatus::kDiverged: return "diverged";
+    case DiffStatus::kIncomplete: return "incomplete";
+    case DiffStatus::kPartial: return "partial";
+  }
+  return "identical";
+}
+
+std::string FpHex(const Fp128& fp) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%016" PRIx64 "%016" PRIx64, fp.lo, fp.hi);
+  return buf;
+}
+
+namespace {
+
+std::string Hex64(uint64_t v) {
+  char buf[20];
+  std::snprintf(buf, sizeof buf, "%016" PRIx64, v);
+  return buf;
+}
+
+// ---- to JSON ----------------------------------------------------------------
+
+json Stats(const std::optional<TensorStats>& s) {
+  if (!s) return nullptr;
+  // NaN and infinities are not JSON numbers: they become null (min/max of a
+  // tensor can be infinite).
+  auto num = [](double d) -> json { return std::isfinite(d) ? json(d) : json(nullptr); };
+  return json{{"nan_count", s->nan_count}, {"inf_count", s->inf_count}, {"min", num(s->min)},
+              {"max", num(s->max)},         {"sum", num(s->sum)},           {"l2", num(s->l2)}};
+}
+
+json Tensor(const TensorView& t) {
+  return json{{"fingerprint", FpHex(t.fingerprint)}, {"dtype", t.dtype}, {"shape", t.shape},
+              {"stats", Stats(t.stats)}};
+}
+
+json Site(const SiteInfo& s) {
+  return json{{"file", s.file}, {"line", s.line}, {"function", s.function}, {"id", Hex64(s.id)}};
+}
+
+// The paper's "input signatures": one entry per input; a scalar is its raw
+// bits, a tensor its fingerprint, a list an array of fingerprints.
+json Signatures(const OpView& v) {
+  json a = json::array();
+  for (const InputView& in : v.inputs) {
+    if (in.kind == "scalar") {
+      a.push_back(in.scalar_bits);
+    } else if (in.kind == "tensor" && !in.tensors.empty()) {
+      a.push_back(FpHex(in.tensors[0].fingerprint));
+    } else if (in.kind == "tensor_list") {
+      json l = json::array();
+      for (const TensorView& t : in.tensors) l.push_back(FpHex(t.fingerprint));
+      a.push_back(l);
+    } else {
+      a.push_back(nullptr);
+    }
+  }
+  return a;
+}
+
+json View(const OpView& v) {
+  json outputs = json::array(), inputs = json::array();
+  for (const TensorView& t : v.outputs) outputs.push_back(Tensor(t));
+  for (const InputView& in : v.inputs) {
+    json tensors = json::array();
+    for (const TensorView& t : in.tensors) tensors.push_back(Tensor(t));
+    inputs.push_back(json{{"kind", in.kind}, {"tensors", tensors}, {"scalar_bits", in.scalar_bits},
+                          {"scalar_dtype", in.scalar_dtype}});
+  }
+  return json{{"rank", v.rank},
+              {"lane", v.lane},
+              {"op_index", v.op_index},
+              {"step", v.step},
+              {"op", v.op},
+              {"site", Site(v.site)},
+              {"seq_nr", v.seq_nr},
+              {"backward", v.backward},
+              {"start_ns", v.start_ns},
+              {"detail_available", v.detail_available},
+              {"output_digest", FpHex(v.output_digest)},
+              {"input_digest", FpHex(v.input_digest)},
+              {"outputs", outputs},
+              {"inputs", inputs},
+              {"input_signatures", Signatures(v)},
+              {"kernels", v.kernels}};
+}
+
+json Divergence(const std::optional<FirstDivergence>& f) {
+  if (!f) return nullptr;
+  return json{{"rank", f->rank},
+              {"lane", f->lane},
+              {"step", f->step},
+              {"op", f->op},
+              {"op_index", {{"reference", f->reference.op_index}, {"suspect", f->suspect.op_index}}},
+              {"site", {{"reference", Site(f->reference.site)}, {"suspect", Site(f->suspect.site)}}},
+              {"inputs_equal", f->inputs_equal},
+              {"differing_outputs", f->differing_outputs},
+              {"reference", View(f->reference)},
+              {"suspect", View(f->suspect)}};
+}
+
+json Summary(const RankSummary& s) {
+  json comms = json::array();
+  for (const CommPosition& c : s.comms) {
+    comms.push_back(json{{"communicator", Hex64(c.communicator)},
+                         {"last_seq_before", c.last_seq_before},
+                         {"first_seq_after", c.first_seq_after}});
+  }
+  return json{{"rank", s.rank},   {"status", DiffStatusName(s.status)}, {"lane", s.lane},
+              {"step", s.step},   {"op_index", s.op_index},            {"comms", comms}};
+}
+
+json Member(const CollectiveMember& m) {
+  json outs = json::array();
+  for (const Fp128& f : m.outputs) outs.push_back(FpHex(f));
+  return json{{"rank", m.rank},   {"kind", m.kind},       {"dtype", m.dtype},
+              {"count", m.count}, {"root", m.root},       {"step", m.step},
+              {"lane", m.lane},   {"op_index", m.op_index}, {"site", Site(m.site)},
+              {"outputs", outs}};
+}
+
+// ---- from JSON ----------------------------------------------------------------
+
+uint64_t ParseHex64(const json& j) {
+  std::string s = j.get<std::string>();
+  return std::stoull(s, nullptr, 16);
+}
+
+Fp128 ParseFp(const json& j) {
+  std::string s = j.get<std::string>();
+  if (s.size() != 32) throw std::invalid_argument("fingerprint must have 32 hex digits");
+  return Fp128{std::stoull(s.substr(0, 16), nullptr, 16), std::stoull(s.substr(16), nullptr, 16)};
+}
+
+double ParseNum(const json& j) {
+  return j.is_null() ? std::numeric_limits<double>::quiet_NaN() : j.get<double>();
+}
+
+SiteInfo ParseSite(const json& j) {
+  return SiteInfo{ParseHex64(j.at("id")), j.at("file").get<std::string>(), j.at("line").get<uint32_t>(),
+                  j.at("function").get<std::string>()};
+}
+
+TensorView ParseTensor(const json& j) {
+  TensorView t;
+  t.fingerprint = ParseFp(j.at("fingerprint"));
+  t.dtype = j.at("dtype").get<std::string>();
+  t.shape = j.at("shape").get<std::vector<int64_t>>();
+  const json& s = j.at("stats");
+  if (!s.is_null()) {
+    t.stats = TensorStats{s.at("nan_count").get<uint64_t>(), s.at("inf_count").get<uint64_t>(),
+                          ParseNum(s.at("min")), ParseNum(s.at("max")), ParseNum(s.at("sum")),
+                          ParseNum(s.at("l2"))};
+  }
+  return t;
+}
+
+OpView ParseView(const json& j) {
+  OpView v;
+  v.rank = j.at("rank").get<uint32_t>();
+  v.lane = j.at("lane").get<uint32_t>();
+  v.op_index = j.at("op_index").get<uint64_t>();
+  v.step = j.at("step").get<uint64_t>();
+  v.op = j.at("op").get<std::string>();
+  v.site = ParseSite(j.at("site"));
+  v.seq_nr = j.at("seq_nr").get<int64_t>();
+  v.backward = j.at("backward").get<bool>();
+  v.start_ns = j.at("start_ns").get<uint64_t>();
+  v.detail_available = j.at("detail_available").get<bool>();
+  v.output_digest = ParseFp(j.at("output_digest"));
+  v.input_digest = ParseFp(j.at("input_digest"));
+  for (const json& t : j.at("outputs")) v.outputs.push_back(ParseTensor(t));
+  for (const json& in : j.at("inputs")) {
+    InputView iv;
+    iv.kind = in.at("kind").get<std::string>();
+    for (const json& t : in.at("tensors")) iv.tensors.push_back(ParseTensor(t));
+    iv.scalar_bits = in.at("scalar_bits").get<uint64_t>();
+    iv.scalar_dtype = in.at("scalar_dtype").get<std::string>();
+    v.inputs.push_back(std::move(iv));
+  }
+  v.kernels = j.at("kernels").get<std::vector<std::string>>();
+  return v;
+}
+
+std::optional<FirstDivergence> ParseDivergence(const json& j) {
+  if (j.is_null()) return std::nullopt;
+  FirstDivergence f;
+  f.rank = j.at("rank").get<uint32_t>();
+  f.lane = j.at("lane").get<uint32_t>();
+  f.step = j.at("step").get<uint64_t>();
+  f.op = j.at("op").get<std::string>();
+  f.inputs_equal = j.at("inputs_equal").get<bool>();
+  f.differing_outputs = j.at("differing_outputs").get<std::vector<uint32_t>>();
+  f.reference = ParseView(j.at("reference"));
+  f.suspect = ParseView(j.at("suspect"));
+  return f;
+}
+
+DiffStatus ParseStatus(const json& j) {
+  std::string s = j.get<std::string>();
+  for (DiffStatus d : {DiffStatus::kIdentical, DiffStatus::kDiverged, DiffStatus::kIncomplete,
+                       DiffStatus::kPartial}) {
+    if (s == DiffStatusName(d)) return d;
+  }
+  throw std::invalid_argument("unknown status '" + s + "'");
+}
+
+// ---- text ---------------------------------------------------------------------
+
+std::string SiteText(const SiteInfo& s) {
+  if (s.file.empty() && s.function.empty()) return s.id == 0 ? "unknown site" : "site #" + Hex64(s.id);
+  std::string out = s.file.empty() ? "?" : s.file;
+  if (s.line != 0) out += ":" + std::to_string(s.line);
+  if (!s.function.empty()) out += " in " + s.function;
+  return out;
+}
+
+std::string ShortFp(const Fp128& f) { return FpHex(f).substr(0, 12) + "…"; }
+
+std::string ShapeText(const TensorView& t) {
+  std::string s = t.dtype + "[";
+  for (size_t k = 0; k < t.shape.size(); ++k) s += (k ? ", " : "") + std::to_string(t.shape[k]);
+  return s + "]";
+}
+
+std::string SigText(const OpView& v) {
+  std::string s = "[";
+  for (size_t k = 0; k < v.inputs.size(); ++k) {
+    const InputView& in = v.inputs[k];
+    if (k) s += ", ";
+    if (in.kind == "scalar") {
+      s += std::to_string(in.scalar_bits);
+    } else if (in.kind == "tensor" && !in.tensors.empty()) {
+      s += ShortFp(in.tensors[0].fingerprint);
+    } else if (in.kind == "tensor_list") {
+      s += "list(" + std::to_string(in.tensors.size()) + ")";
+    } else {
+      s += "none";
+    }
+  }
+  return s + "]";
+}
+
+std::string Num(double d) {
+  std::ostringstream o;
+  o.precision(6);
+  o << d;
+  return o.str();
+}
+
+void PivotText(std::ostringstream& o, const FirstDivergence& f, const char* headline) {
+  o << headline << " · rank " << f.rank << " · step " << f.step << " · " << f.op << "  ("
+    << SiteText(f.suspect.site) << ")\n";
+  o << "  reference: op #" << f.reference.op_index << " · step " << f.reference.step;
+  if (f.reference.rank != f.rank) o << " · rank " << f.reference.rank;
+  o << " · " << SiteText(f.reference.site) << "\n";
+  o << "  suspect:   op #" << f.suspect.op_index << " · step " << f.suspect.step << " · "
+    << SiteText(f.suspect.site) << (f.lane != 0 ? " · lane " + std::to_string(f.lane) : "") << "\n";
+}
+
+void EvidenceText(std::ostringstream& o, const FirstDivergence& f) {
+  if (f.inputs_equal) {
+    o << "inputs identical (fingerprints equal), output differs → the op itself (kernel race, SDC, wrong code)\n";
+  } else {
+    o << "inputs differ, output differs → a producer upstream that was not recorded (or not aligned)\n";
+  }
+  const OpView& r = f.reference;
+  const OpView& s = f.suspect;
+  if (r.detail_available && s.detail_available) {
+    for (uint32_t k : f.differing_outputs) {
+      o << "  output " << k << ": ";
+      if (k < r.outputs.size() && k < s.outputs.size()) {
+        const TensorView& a = r.outputs[k];
+        const TensorView& b = s.outputs[k];
+        o << ShapeText(b) << " · reference " << ShortFp(a.fingerprint) << " suspect " << ShortFp(b.fingerprint);
+        if (a.stats && b.stats) {
+          o << " · sum " << Num(a.stats->sum) << " vs " << Num(b.stats->sum) << " · max " << Num(a.stats->max)
+            << " vs " << Num(b.stats->max);
+          if (a.stats->nan_count + b.stats->nan_count + a.stats->inf_count + b.stats->inf_count > 0) {
+            o << " · nan " << a.stats->nan_count << " vs " << b.stats->nan_count << " · inf "
+              << a.stats->inf_count << " vs " << b.stats->inf_count;
+          }
+        }
+      } else {
+        o << "present in one run only";
+      }
+      o << "\n";
+    }
+    o << "  input signatures:\n    reference: " << SigText(r) << "\n    suspect:   " << SigText(s) << "\n";
+    if (r.kernels != s.kernels) {
+      auto list = [](const std::vector<std::string>& v) {
+        std::string t;
+        for (size_t k = 0; k < v.size(); ++k) t += (k ? ", " : "") + v[k];
+        return t.empty() ? std::string("none recorded") : t;
+      };
+      o << "  kernels differ:\n    reference: " << list(r.kernels) << "\n    suspect:   " << list(s.kernels) << "\n";
+    }
+  } else {
+    o << "  (full records of the pivot not available: fingerprints and stats not shown)\n";
+  }
+}
+
+std::string Ranks(const std::vector<uint32_t>& v) {
+  std::string s;
+  for (size_t k = 0; k < v.size(); ++k) s += (k ? ", " : "") + std::to_string(v[k]);
+  return s.empty() ? "none" : s;
+}
+
+std::string CommText(const std::string& name, uint64_t id) { return name.empty() ? "#" + Hex64(id) : name; }
+
+}  // namespace
+
+json ToJson(const RankDiff& r) {
+  json missing = json::array(), lanes = json::array();
+  for (const MissingRange& m : r.missing) {
+    missing.push_back(json{{"run", m.run}, {"rank", m.rank}, {"lane", m.lane}, {"first_op", m.first_op},
+                           {"last_op", m.last_op}});
+  }
+  for (const LaneDiff& l : r.lanes) {
+    lanes.push_back(json{{"lane", l.lane},
+                         {"status", DiffStatusName(l.status)},
+                         {"ops", {{"reference", l.ref_ops}, {"suspect", l.sus_ops}}},
+                         {"aligned", l.aligned},
+                         {"reordered", l.reordered},
+                         {"unaligned", {{"reference", l.unaligned_ref}, {"suspect", l.unaligned_sus}}},
+                         {"pivot_op_index",
+                          l.pivot_ref_op ? json{{"reference", *l.pivot_ref_op}, {"suspect", *l.pivot_sus_op}}
+                                         : json(nullptr)},
+                         {"largest_window", l.largest_window},
+                         {"degraded", l.degraded}});
+  }
+  return json{{"rank", r.rank},
+              {"status", DiffStatusName(r.status)},
+              {"first_divergence", Divergence(r.first_divergence)},
+              {"first_observed", Divergence(r.first_observed)},
+              {"aligned", r.aligned},
+              {"aligned_total", r.aligned_total},
+              {"unaligned_before", {{"reference", r.unaligned_before_ref}, {"suspect", r.unaligned_before_sus}}},
+              {"unaligned_total", {{"reference", r.unaligned_total_ref}, {"suspect", r.unaligned_total_sus}}},
+              {"skipped_nondeterministic", r.skipped_nondeterministic},
+              {"reordered", r.reordered},
+              {"missing", missing},
+              {"lanes", lanes},
+              {"notes", r.notes},
+              {"summary", Summary(r.summary)}};
+}
+
+json ToJson(const DiffReport& r) {
+  json ranks = json::array(), explained = json::array();
+  for (const RankDiff& d : r.ranks) ranks.push_back(ToJson(d));
+  for (const Explanation& e : r.explained) {
+    explained.push_back(json{{"rank", e.rank}, {"from_rank", e.from_rank},
+                             {"communicator", Hex64(e.communicator)}, {"seq", e.seq}});
+  }
+  return json{{"format", kReportFormat},
+              {"kind", "diff"},
+              {"status", DiffStatusName(r.status)},
+              {"first_divergence", Divergence(r.first_divergence)},
+              {"unaligned_before", {{"reference", r.unaligned_before_ref}, {"suspect", r.unaligned_before_sus}}},
+              {"aligned", r.aligned},
+              {"diverging_ranks", r.diverging_ranks},
+              {"explained", explained},
+              {"incomplete_ranks", r.incomplete_ranks},
+              {"missing_ranks", r.missing_ranks},
+              {"skipped_nondeterministic", r.skipped_nondeterministic},
+              {"ranks", ranks},
+              {"notes", r.notes}};
+}
+
+json ToJson(const CollectivesReport& r) {
+  json desyncs = json::array(), mismatches = json::array(), live = json::array();
+  for (const CollectiveDesync& d : r.desyncs) {
+    json members = json::array();
+    for (const CollectiveMember& m : d.members) members.push_back(Member(m));
+    desyncs.push_back(json{{"communicator", Hex64(d.communicator)}, {"communicator_name", d.communicator_name},
+                           {"seq", d.seq}, {"fields", d.fields}, {"members", members}});
+  }
+  for (const CollectiveMismatch& m : r.mismatches) {
+    json members = json::array();
+    for (const CollectiveMember& x : m.members) members.push_back(Member(x));
+    mismatches.push_back(json{{"communicator", Hex64(m.communicator)}, {"communicator_name", m.communicator_name},
+                              {"seq", m.seq}, {"kind", m.kind}, {"groups", m.groups},
+                              {"minority_ranks", m.minority_ranks}, {"members", members}});
+  }
+  for (const CommunicatorLive& c : r.live) {
+    json ranks = json::array();
+    for (const RankProgress& p : c.ranks) {
+      ranks.push_back(json{{"rank", p.rank}, {"last_entered", p.last_entered}, {"last_completed", p.last_completed},
+                           {"last_step", p.last_step}, {"last_site", Site(p.last_site)}});
+    }
+    live.push_back(json{{"communicator", Hex64(c.communicator)},
+                        {"name", c.name},
+                        {"ranks", ranks},
+                        {"pending_seq", c.pending_seq ? json(*c.pending_seq) : json(nullptr)},
+                        {"pending_kind", c.pending_kind},
+                        {"waiting", c.waiting},
+                        {"not_joined", c.not_joined},
+                        {"waiting_since_ns", c.waiting_since_ns}});
+  }
+  return json{{"format", kReportFormat},   {"kind", "collectives"},       {"status", DiffStatusName(r.status)},
+              {"collectives", r.collectives}, {"desyncs", desyncs},       {"mismatches", mismatches},
+              {"live", live},               {"waiting", r.waiting},        {"missing_ranks", r.missing_ranks},
+              {"notes", r.notes}};
+}
+
+json ToJson(const ReplicaReport& r) {
+  json pairs = json::array();
+  for (const RankDiff& d : r.pairs) pairs.push_back(ToJson(d));
+  return json{{"format", kReportFormat},
+              {"kind", "replicas"},
+              {"status", DiffStatusName(r.status)},
+              {"ranks", r.ranks},
+              {"first_divergence", Divergence(r.first_divergence)},
+              {"odd_ranks", r.odd_ranks},
+              {"pairs", pairs},
+              {"notes", r.notes}};
+}
+
+Result<RankDiff> RankDiffFromJson(const json& j) {
+  try {
+    RankDiff r;
+    r.rank = j.at("rank").get<uint32_t>();
+    r.status = ParseStatus(j.at("status"));
+    r.first_divergence = ParseDivergence(j.at("first_divergence"));
+    r.first_observed = ParseDivergence(j.at("first_observed"));
+    r.aligned = j.at("aligned").get<uint64_t>();
+    r.aligned_total = j.at("aligned_total").get<uint64_t>();
+    r.unaligned_before_ref = j.at("unaligned_before").at("reference").get<uint64_t>();
+    r.unaligned_before_sus = j.at("unaligned_before").at("suspect").get<uint64_t>();
+    r.unaligned_total_ref = j.at("unaligned_total").at("reference").get<uint64_t>();
+    r.unaligned_total_sus = j.at("unaligned_total").at("suspect").get<uint64_t>();
+    r.skipped_nondeterministic = j.at("skipped_nondeterministic").get<uint64_t>();
+    r.reordered = j.at("reordered").get<uint64_t>();
+    for (const json& m : j.at("missing")) {
+      r.missing.push_back(MissingRange{m.at("run").get<std::string>(), m.at("rank").get<uint32_t>(),
+                                       m.at("lane").get<uint32_t>(), m.at("first_op").get<uint64_t>(),
+                                       m.at("last_op").get<uint64_t>()});
+    }
+    for (const json& l : j.at("lanes")) {
+      LaneDiff d;
+      d.lane = l.at("lane").get<uint32_t>();
+      d.status = ParseStatus(l.at("status"));
+      d.ref_ops = l.at("ops").at("reference").get<uint64_t>();
+      d.sus_ops = l.at("ops").at("suspect").get<uint64_t>();
+      d.aligned = l.at("aligned").get<uint64_t>();
+      d.reordered = l.at("reordered").get<uint64_t>();
+      d.unaligned_ref = l.at("unaligned").at("reference").get<uint64_t>();
+      d.unaligned_sus = l.at("unaligned").at("suspect").get<uint64_t>();
+      if (!l.at("pivot_op_index").is_null()) {
+        d.pivot_ref_op = l.at("pivot_op_index").at("reference").get<uint64_t>();
+        d.pivot_sus_op = l.at("pivot_op_index").at("suspect").get<uint64_t>();
+      }
+      d.largest_window = l.at("largest_window").get<uint64_t>();
+      d.degraded = l.at("degraded").get<bool>();
+      r.lanes.push_back(d);
+    }
+    r.notes = j.at("notes").get<std::vector<std::string>>();
+    const json& s = j.at("summary");
+    r.summary.rank = s.at("rank").get<uint32_t>();
+    r.summary.status = ParseStatus(s.at("status"));
+    r.summary.lane = s.at("lane").get<uint32_t>();
+    r.summary.step = s.at("step").get<uint64_t>();
+    r.summary.op_index = s.at("op_index").get<uint64_t>();
+    for (const json& c : s.at("comms")) {
+      r.summary.comms.push_back(CommPosition{ParseHex64(c.at("communicator")), c.at("last_seq_before").get<int64_t>(),
+                                             c.at("first_seq_after").get<int64_t>()});
+    }
+    return r;
+  } catch (const std::exception& e) {
+    // nlohmann reports malformed input by throwing; the aligner's contract is
+    // Status, so nothing escapes.
+    return InvalidArgument(std::string("rank diff JSON: ") + e.what());
+  }
+}
+
+std::string ToText(const DiffReport& r) {
+  std::ostringstream o;
+  if (r.status == DiffStatus::kPartial) {
+    o << "partial · no answer from rank(s) " << Ranks(r.missing_ranks) << " · what follows covers the others\n";
+  }
+  if (r.first_divergence) {
+    PivotText(o, *r.first_divergence, "first divergence");
+    o << "aligned " << r.aligned << " ops · unaligned before boundary: reference " << r.unaligned_before_ref
+      << ", suspect " << r.unaligned_before_sus << "\n";
+    EvidenceText(o, *r.first_divergence);
+  }
+  if (!r.incomplete_ranks.empty()) {
+    o << "incomplete · records missing on rank(s) " << Ranks(r.incomplete_ranks)
+      << (r.first_divergence ? " · an earlier origin may be hidden there\n" : " · no pivot claimed\n");
+    for (const RankDiff& d : r.ranks) {
+      for (const MissingRange& m : d.missing) {
+        o << "  rank " << m.rank << " " << m.run << " lane " << m.lane << ": ops #" << m.first_op << "..#"
+          << m.last_op << " missing\n";
+      }
+      if (d.first_observed) {
+        o << "  rank " << d.rank << ": first difference seen after the gap: " << d.first_observed->op << " op #"
+          << d.first_observed->suspect.op_index << " step " << d.first_observed->step << " ("
+          << SiteText(d.first_observed->suspect.site) << ") — not a pivot\n";
+      }
+    }
+  }
+  if (!r.first_divergence && r.incomplete_ranks.empty()) {
+    if (r.status == DiffStatus::kIdentical || r.status == DiffStatus::kPartial) {
+      o << "identical · " << r.ranks.size() << " rank(s) · aligned " << r.aligned
+        << " ops · unaligned: reference " << r.unaligned_before_ref << ", suspect " << r.unaligned_before_sus
+        << "\n";
+    }
+  }
+  if (r.diverging_ranks.size() > 1 || !r.explained.empty()) {
+    o << "diverging rank(s): " << Ranks(r.diverging_ranks) << "\n";
+  }
+  for (const Explanation& e : r.explained) {
+    o << "  rank " << e.rank << " ← rank " << e.from_rank << " via communicator #" << Hex64(e.communicator)
+      << " seq " << e.seq << "\n";
+  }
+  if (r.skipped_nondeterministic > 0) {
+    o << "skipped " << r.skipped_nondeterministic << " nondeterministic op(s) as evidence\n";
+  }
+  for (const std::string& n : r.notes) o << "note: " << n << "\n";
+  return o.str();
+}
+
+std::string ToText(const CollectivesReport& r) {
+  std::ostringstream o;
+  if (r.status == DiffStatus::kPartial) o << "partial · no answer from rank(s) " << Ranks(r.missing_ranks) << "\n";
+  for (const CollectiveDesync& d : r.desyncs) {
+    o << "desync · communicator " << CommText(d.communicator_name, d.communicator) << " seq " << d.seq << " · ";
+    for (size_t k = 0; k < d.fields.size(); ++k) o << (k ? ", " : "") << d.fields[k];
+    o << " differ\n";
+    for (const CollectiveMember& m : d.members) {
+      o << "  rank " << m.rank << ": " << m.kind << " " << m.dtype << " x" << m.count;
+      if (m.root >= 0) o << " root " << m.root;
+      o << " · step " << m.step << " · " << SiteText(m.site) << "\n";
+    }
+  }
+  for (const CollectiveMismatch& m : r.mismatches) {
+    o << "output mismatch · " << m.kind << " · communicator " << CommText(m.communicator_name, m.communicator)
+      << " seq " << m.seq;
+    if (!m.minority_ranks.empty()) o << " · rank(s) " << Ranks(m.minority_ranks) << " disagree with the others";
+    o << "\n";
+    for (const auto& g : m.groups) {
+      const CollectiveMember* any = nullptr;
+      for (const CollectiveMember& x : m.members) {
+        if (x.rank == g[0]) any = &x;
+      }
+      o << "  {" << Ranks(g) << "}";
+      if (any != nullptr && !any->outputs.empty()) o << " " << ShortFp(any->outputs[0]);
+      if (any != nullptr) o << " · " << SiteText(any->site);
+      o << "\n";
+    }
+  }
+  for (const CommunicatorLive& c : r.live) {
+    if (!c.pending_seq || c.not_joined.empty()) continue;
+    o << "waiting · communicator " << CommText(c.name, c.communicator) << " seq " << *c.pending_seq;
+    if (!c.pending_kind.empty()) o << " (" << c.pending_kind << ")";
+    o << " · waiting: " << Ranks(c.waiting) << " · not joined: " << Ranks(c.not_joined) << "\n";
+    for (const RankProgress& p : c.ranks) {
+      if (std::find(c.not_joined.begin(), c.not_joined.end(), p.rank) == c.not_joined.end()) continue;
+      o << "  rank " << p.rank << ": last entered seq " << p.last_entered << ", completed " << p.last_completed;
+      if (p.last_entered >= 0) o << " · step " << p.last_step << " · " << SiteText(p.last_site);
+      o << "\n";
+    }
+  }
+  if (r.desyncs.empty() && r.mismatches.empty() && !r.waiting) {
+    o << "collectives consistent · " << r.collectives << " collective(s) on " << r.live.size()
+      << " communicator(s)\n";
+  }
+  for (const std::string& n : r.notes) o << "note: " << n << "\n";
+  return o.str();
+}
+
+std::string ToText(const ReplicaReport& r) {
+  std::ostringstream o;
+  o << "replicas " << Ranks(r.ranks) << " · " << DiffStatusName(r.status);
+  if (!r.odd_ranks.empty()) o << " · disagreeing with the majority: rank(s) " << Ranks(r.odd_ranks);
+  o << "\n";
+  if (r.first_divergence) {
+    PivotText(o, *r.first_divergence, "first divergence");
+    EvidenceText(o, *r.first_divergence);
+  }
+  for (const RankDiff& d : r.pairs) {
+    if (d.status == DiffStatus::kIncomplete) o << "  rank " << d.rank << ": incomplete (records missing)\n";
+  }
+  for (const std::string& n : r.notes) o << "note: " << n << "\n";
+  return o.str();
+}
+
+}  // namespace opguard::aligner

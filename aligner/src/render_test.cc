@@ -1,0 +1,141 @@
+#include "opguard/aligner/render.h"
+
+#include <gtest/gtest.h>
+
+#include "opguard/aligner/cross_rank.h"
+#include "opguard/aligner/diff.h"
+#include "test_util.h"
+
+namespace opguard::aligner {
+namespace {
+
+using testing::Id;
+using testing::Rank;
+
+struct Fixture {
+  StringTable strings;
+  InMemoryDetails ref_details, sus_details;
+  DiffContext ctx;
+
+  Fixture() {
+    strings.AddString(Id("op:C"), "aten::index_put_");
+    strings.AddString(1, "train.py");
+    strings.AddString(2, "scatter_router_mask");
+    strings.AddSite(Id("site:C"), {1, 214, 2});
+    OpDetail d;
+    d.op_index = 35;  // suspect index after 33 insertions
+    d.step = 12;
+    d.name = Id("op:C");
+    d.site = Id("site:C");
+    InputValue s;
+    s.kind = ValueKind::kScalar;
+    s.scalar_bits = 1077945344;
+    InputValue z;
+    z.kind = ValueKind::kScalar;
+    d.inputs = {z, s, z, z};
+    d.outputs = {TensorInfo{Fp128{5, 6}, DType::kBFloat16, {2, 3}, TensorStats{1, 0, -2, 2, 0.5, 1}, 0}};
+    sus_details.Add(3, d);
+    d.op_index = 2;
+    d.outputs[0].fingerprint = Fp128{7, 8};
+    d.outputs[0].stats->nan_count = 0;
+    ref_details.Add(3, d);
+    ctx = DiffContext{&ref_details, &sus_details, &strings, &strings, {}};
+  }
+};
+
+RankDiff Sample(const Fixture& f) {
+  std::string ins;
+  for (int i = 0; i < 33; ++i) ins += "I" + std::to_string(i) + " ";
+  RankTrace r = Rank(3, "A B C D E F G H I J K"), s = Rank(3, "A B " + ins + "C#bad D E F G H I J K");
+  for (RankTrace* t : {&r, &s}) {
+    for (OpEvent& e : t->lanes[0].ops) e.step = 12;
+  }
+  Result<RankDiff> d = DiffRank(r, s, f.ctx);
+  EXPECT_TRUE(d.ok());
+  return *d;
+}
+
+TEST(Render, DiffJsonHasTheDocumentedFields) {
+  Fixture f;
+  DiffReport rep = MergeRankDiffs({Sample(f)}, {3});
+  nlohmann::json j = ToJson(rep);
+  EXPECT_EQ(j["format"], 1);
+  EXPECT_EQ(j["status"], "diverged");
+  const auto& fd = j["first_divergence"];
+  EXPECT_EQ(fd["rank"], 3);
+  EXPECT_EQ(fd["step"], 12);
+  EXPECT_EQ(fd["op"], "aten::index_put_");
+  EXPECT_EQ(fd["op_index"]["reference"], 2);
+  EXPECT_EQ(fd["op_index"]["suspect"], 35);
+  EXPECT_EQ(fd["site"]["suspect"]["file"], "train.py");
+  EXPECT_EQ(fd["site"]["suspect"]["line"], 214);
+  EXPECT_EQ(fd["site"]["reference"]["function"], "scatter_router_mask");
+  EXPECT_EQ(fd["inputs_equal"], true);
+  EXPECT_EQ(fd["suspect"]["input_signatures"], nlohmann::json::parse("[0, 1077945344, 0, 0]"));
+  EXPECT_EQ(j["unaligned_before"]["reference"], 0);
+  EXPECT_EQ(j["unaligned_before"]["suspect"], 33);
+  EXPECT_EQ(j["aligned"], 2);
+  EXPECT_EQ(j["diverging_ranks"], nlohmann::json::parse("[3]"));
+  EXPECT_EQ(j["skipped_nondeterministic"], 0);
+}
+
+TEST(Render, DiffTextReadsLikeACompilerError) {
+  Fixture f;
+  std::string text = ToText(MergeRankDiffs({Sample(f)}, {3}));
+  EXPECT_EQ(text.rfind("first divergence · rank 3 · step 12 · aten::index_put_  (train.py:214 in scatter_router_mask)\n", 0), 0u)
+      << text;
+  EXPECT_NE(text.find("aligned 2 ops · unaligned before boundary: reference 0, suspect 33\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("inputs identical (fingerprints equal), output differs → the op itself"), std::string::npos);
+  EXPECT_NE(text.find("[0, 1077945344, 0, 0]"), std::string::npos) << text;
+}
+
+TEST(Render, RankDiffRoundTripsThroughJson) {
+  Fixture f;
+  RankDiff d = Sample(f);
+  d.summary.comms.push_back(CommPosition{0xfeedfacecafebeefULL, 3, 4});
+  nlohmann::json j = ToJson(d);
+  Result<RankDiff> back = RankDiffFromJson(nlohmann::json::parse(j.dump()));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(ToJson(*back), j);
+  EXPECT_EQ(back->summary.comms.back().communicator, 0xfeedfacecafebeefULL);
+}
+
+TEST(Render, MalformedRankDiffIsAStatusNotAnException) {
+  EXPECT_FALSE(RankDiffFromJson(nlohmann::json::parse(R"({"rank": 1})")).ok());
+  EXPECT_FALSE(RankDiffFromJson(nlohmann::json::parse("[]")).ok());
+}
+
+TEST(Render, IncompleteAndPartialAreSaid) {
+  RankTrace r = Rank(0, "A B C"), s = Rank(0, "A B C");
+  s.gaps.push_back(Gap{0, 1, 1});
+  Result<RankDiff> d = DiffRank(r, s, {});
+  ASSERT_TRUE(d.ok());
+  DiffReport rep = MergeRankDiffs({*d}, {0, 1});
+  EXPECT_EQ(ToJson(rep)["status"], "partial");
+  std::string text = ToText(rep);
+  EXPECT_NE(text.find("partial · no answer from rank(s) 1"), std::string::npos) << text;
+  EXPECT_NE(text.find("ops #1..#1 missing"), std::string::npos) << text;
+}
+
+TEST(Render, CollectivesText) {
+  CollectiveEvent a;
+  a.communicator = 1;
+  a.seq = 4;
+  a.kind = CollectiveKind::kAllReduce;
+  a.count = 10;
+  CollectiveEvent b = a;
+  b.count = 20;
+  CollectiveEvent e = a;
+  e.seq = 5;
+  e.phase = CollectivePhase::kEntered;
+  CollectivesReport rep = CheckCollectives({{0, {a, e}}, {1, {b}}}, {{1, "tp", {0, 1}}}, nullptr);
+  std::string text = ToText(rep);
+  EXPECT_NE(text.find("desync · communicator tp seq 4 · count differ"), std::string::npos) << text;
+  EXPECT_NE(text.find("waiting · communicator tp seq 5"), std::string::npos) << text;
+  nlohmann::json j = ToJson(rep);
+  EXPECT_EQ(j["desyncs"][0]["members"][1]["count"], 20);
+  EXPECT_EQ(j["live"][0]["not_joined"], nlohmann::json::parse("[1]"));
+}
+
+}  // namespace
+}  // namespace opguard::aligner

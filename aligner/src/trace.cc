@@ -1,0 +1,136 @@
+#include "opguard/aligner/trace.h"
+
+#include "hash.h"
+
+namespace opguard::aligner {
+
+const char* DTypeName(DType d) {
+  static const char* const kNames[] = {"unknown", "float64", "float32", "float16", "bfloat16",
+                                       "float8_e4m3", "float8_e5m2", "int64", "int32", "int16",
+                                       "int8", "uint8", "bool", "uint16", "uint32", "uint64",
+                                       "complex64", "complex128"};
+  auto i = static_cast<size_t>(d);
+  return i < std::size(kNames) ? kNames[i] : "unknown";
+}
+
+const char* CollectiveKindName(CollectiveKind k) {
+  static const char* const kNames[] = {"unknown", "all_reduce", "broadcast", "reduce",
+                                       "all_gather", "reduce_scatter", "all_to_all", "send",
+                                       "recv", "barrier", "gather", "scatter"};
+  auto i = static_cast<size_t>(k);
+  return i < std::size(kNames) ? kNames[i] : "unknown";
+}
+
+namespace {
+
+void MixShape(Hasher& h, const TensorInfo& t) {
+  h.Add(static_cast<uint64_t>(t.dtype));
+  h.Add(t.shape.size());
+  for (int64_t d : t.shape) h.Add(static_cast<uint64_t>(d));
+}
+
+}  // namespace
+
+uint64_t StructuralKey(const OpDetail& d) {
+  Hasher h;
+  h.Add(d.name);
+  h.Add(d.site);
+  h.Add(d.backward ? 1 : 0);
+  h.Add(d.inputs.size());
+  for (const InputValue& v : d.inputs) {
+    h.Add(static_cast<uint64_t>(v.kind));
+    switch (v.kind) {
+      case ValueKind::kTensor: MixShape(h, v.tensor); break;
+      // The scalar's value is data, not structure: only its type pairs.
+      case ValueKind::kScalar: h.Add(static_cast<uint64_t>(v.scalar_dtype)); break;
+      case ValueKind::kTensorList:
+        h.Add(v.tensors.size());
+        for (const TensorInfo& t : v.tensors) MixShape(h, t);
+        break;
+      case ValueKind::kNone: break;
+    }
+  }
+  h.Add(d.outputs.size());
+  for (const TensorInfo& t : d.outputs) MixShape(h, t);
+  return h.Digest64();
+}
+
+Fp128 OutputDigest(const std::vector<TensorInfo>& outputs) {
+  Hasher h;
+  h.Add(outputs.size());
+  for (const TensorInfo& t : outputs) {
+    h.Add(t.fingerprint.lo);
+    h.Add(t.fingerprint.hi);
+  }
+  return h.Digest128();
+}
+
+Fp128 InputDigest(const std::vector<InputValue>& inputs) {
+  Hasher h;
+  h.Add(inputs.size());
+  for (const InputValue& v : inputs) {
+    h.Add(static_cast<uint64_t>(v.kind));
+    switch (v.kind) {
+      case ValueKind::kTensor:
+        h.Add(v.tensor.fingerprint.lo);
+        h.Add(v.tensor.fingerprint.hi);
+        break;
+      case ValueKind::kScalar: h.Add(v.scalar_bits); break;
+      case ValueKind::kTensorList:
+        h.Add(v.tensors.size());
+        for (const TensorInfo& t : v.tensors) {
+          h.Add(t.fingerprint.lo);
+          h.Add(t.fingerprint.hi);
+        }
+        break;
+      case ValueKind::kNone: break;
+    }
+  }
+  return h.Digest128();
+}
+
+OpEvent MakeOpEvent(const OpDetail& d) {
+  OpEvent e;
+  e.op_index = d.op_index;
+  e.step = d.step;
+  e.name = d.name;
+  e.site = d.site;
+  e.key = StructuralKey(d);
+  e.outputs = OutputDigest(d.outputs);
+  e.inputs = InputDigest(d.inputs);
+  e.flags = d.nondeterministic ? OpEvent::kNondeterministic : 0;
+  return e;
+}
+
+std::optional<std::string> StringTable::String(uint64_t id) const {
+  auto it = strings_.find(id);
+  if (it == strings_.end()) return std::nullopt;
+  return it->second;
+}
+
+std::optional<StringResolver::Site> StringTable::SiteOf(uint64_t site_id) const {
+  auto it = sites_.find(site_id);
+  if (it == sites_.end()) return std::nullopt;
+  return it->second;
+}
+
+size_t InMemoryDetails::KeyHash::operator()(const std::tuple<uint32_t, uint32_t, uint64_t>& k) const {
+  Hasher h;
+  h.Add(std::get<0>(k));
+  h.Add(std::get<1>(k));
+  h.Add(std::get<2>(k));
+  return static_cast<size_t>(h.Digest64());
+}
+
+void InMemoryDetails::Add(uint32_t rank, OpDetail d) {
+  auto key = std::make_tuple(rank, d.lane, d.op_index);
+  ops_[key] = std::move(d);
+}
+
+std::optional<OpDetail> InMemoryDetails::Find(uint32_t rank, uint32_t lane, uint64_t op_index) const {
+  auto it = ops_.find(std::make_tuple(rank, lane, op_index));
+  if (it == ops_.end()) return std::nullopt;
+  return it->second;
+}
+
+}  // namespace opguard::aligner
