@@ -14,12 +14,14 @@
 namespace opguard::fingerprint {
 
 // Numbering matches opguard.wire.DType (idl/common.fbs); keep them in step.
+// clang-format off
 enum class DType : uint8_t {
   kUnknown = 0,
   kFloat64, kFloat32, kFloat16, kBFloat16, kFloat8E4M3, kFloat8E5M2,
   kInt64, kInt32, kInt16, kInt8, kUInt8, kBool,
   kUInt16, kUInt32, kUInt64, kComplex64, kComplex128,
 };
+// clang-format on
 
 // Bytes per element; 0 for kUnknown.
 size_t DTypeSize(DType dtype);
@@ -65,6 +67,31 @@ struct TensorView {
 
 // CPU path. `threads` = 1 runs on the calling thread only; 0 uses the
 // hardware concurrency. The result does not depend on `threads`.
+// Precondition: ValidateView(tensor) is ok; an invalid view yields a
+// Fingerprint{} (all-zero digest) instead of crashing.
 Fingerprint FingerprintHost(const TensorView& tensor, int threads = 1);
+
+// ---- additions (beyond the original contract) --------------------------------
+
+// The digest alone, skipping the statistics (about twice as fast for
+// floating tensors). Equal to FingerprintHost(tensor, threads).digest.
+Digest DigestHost(const TensorView& tensor, int threads = 1);
+
+// Element count of `shape` (1 for rank 0); -1 if a dimension is negative or
+// the product overflows int64.
+int64_t NumElements(std::span<const int64_t> shape);
+
+// Empty string when `tensor` can be fingerprinted (known dtype, non-negative
+// dims, strides empty or of the same rank, data non-null unless empty);
+// otherwise a one-line reason.
+std::string ValidateView(const TensorView& tensor);
+
+// The 128-bit metadata term (dtype, shape, byte length) that Finalize mixes
+// into the lane sums. Exposed so the CUDA launcher computes it on the host.
+struct MetaKey {
+  uint64_t lo = 0;
+  uint64_t hi = 0;
+};
+MetaKey ComputeMeta(DType dtype, std::span<const int64_t> shape);
 
 }  // namespace opguard::fingerprint

@@ -1,0 +1,109 @@
+// CPU fingerprint throughput on 64 MiB and 1 GiB buffers, with memcpy and
+// XXH3_128bits on the same buffers in the same run as the yardsticks
+// (issue 3: >= 0.8x XXH3 single-threaded, near memory bandwidth with threads).
+//   fingerprint_bench --benchmark_min_time=0.3
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "fingerprint_internal.h"
+#include "opguard/fingerprint/fingerprint.h"
+#if OPGUARD_HAVE_XXHASH
+#include <xxhash.h>
+#endif
+
+namespace {
+
+using opguard::fingerprint::DType;
+
+constexpr int64_t k64MiB = int64_t{64} << 20;
+constexpr int64_t k1GiB = int64_t{1} << 30;
+
+// One buffer per size, filled once with non-trivial bytes (pages touched).
+const uint8_t* Buffer(int64_t size) {
+  static std::map<int64_t, std::unique_ptr<uint8_t[]>> buffers;
+  auto& b = buffers[size];
+  if (!b) {
+    b.reset(new uint8_t[size]);
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+    for (int64_t i = 0; i < size; i += 8) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      std::memcpy(b.get() + i, &x, 8);
+    }
+  }
+  return b.get();
+}
+
+void BM_Memcpy(benchmark::State& state) {
+  const int64_t size = state.range(0);
+  const uint8_t* src = Buffer(size);
+  std::unique_ptr<uint8_t[]> dst(new uint8_t[size]);
+  std::memset(dst.get(), 1, size);
+  for (auto _ : state) {
+    std::memcpy(dst.get(), src, size);
+    benchmark::DoNotOptimize(dst.get());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * size);
+}
+
+#if OPGUARD_HAVE_XXHASH
+void BM_XXH3_128(benchmark::State& state) {
+  const int64_t size = state.range(0);
+  const uint8_t* src = Buffer(size);
+  for (auto _ : state) {
+    XXH128_hash_t h = XXH3_128bits(src, size);
+    benchmark::DoNotOptimize(h);
+  }
+  state.SetBytesProcessed(state.iterations() * size);
+}
+#endif
+
+// range(1): threads (0 = all cores); range(2): 1 = with statistics (fp32),
+// 0 = digest only; range(3): 1 = force the scalar path.
+void BM_Fingerprint(benchmark::State& state) {
+  const int64_t size = state.range(0);
+  const uint8_t* src = Buffer(size);
+  const int64_t shape[] = {size / 4};
+  opguard::fingerprint::internal::HostOptions o;
+  o.threads = static_cast<int>(state.range(1));
+  o.stats = state.range(2) != 0;
+  o.isa = state.range(3) ? opguard::fingerprint::internal::Isa::kScalar
+                         : opguard::fingerprint::internal::Isa::kAuto;
+  for (auto _ : state) {
+    auto f =
+        opguard::fingerprint::internal::FingerprintHostWith({src, DType::kFloat32, shape, {}}, o);
+    benchmark::DoNotOptimize(f);
+  }
+  state.SetBytesProcessed(state.iterations() * size);
+}
+
+void Sizes(benchmark::internal::Benchmark* b) {
+  b->Arg(k64MiB)->Arg(k1GiB)->Unit(benchmark::kMillisecond)->UseRealTime();
+}
+
+void FpArgs(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"bytes", "threads", "stats", "scalar"});
+  for (int64_t size : {k64MiB, k1GiB}) {
+    b->Args({size, 1, 0, 0});  // digest, one thread: the XXH3 comparison
+    b->Args({size, 1, 0, 1});  // scalar path, for reference
+    b->Args({size, 1, 1, 0});  // digest + fp32 statistics
+    b->Args({size, 0, 0, 0});  // all cores
+    b->Args({size, 0, 1, 0});
+  }
+  b->Unit(benchmark::kMillisecond)->UseRealTime();
+}
+
+BENCHMARK(BM_Memcpy)->Apply(Sizes);
+#if OPGUARD_HAVE_XXHASH
+BENCHMARK(BM_XXH3_128)->Apply(Sizes);
+#endif
+BENCHMARK(BM_Fingerprint)->Apply(FpArgs);
+
+}  // namespace
+
+BENCHMARK_MAIN();

@@ -1,0 +1,714 @@
+// CPU path of the fingerprint (docs/fingerprint.md). The per-word math comes
+// from fingerprint_spec.h, shared with the CUDA kernels; this file only
+// decides how to walk the bytes (tiles, threads, AVX2 or scalar).
+#include "opguard/fingerprint/fingerprint.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "fingerprint_internal.h"
+#include "fingerprint_spec.h"
+#include "opguard/common/hex.h"
+
+namespace opguard::fingerprint {
+
+// ---- dtypes -------------------------------------------------------------------
+
+namespace {
+
+struct DTypeInfo {
+  DType dtype;
+  uint8_t size;
+  bool floating;
+  std::string_view name;
+};
+
+constexpr DTypeInfo kDTypes[] = {
+    {DType::kUnknown, 0, false, "unknown"},
+    {DType::kFloat64, 8, true, "float64"},
+    {DType::kFloat32, 4, true, "float32"},
+    {DType::kFloat16, 2, true, "float16"},
+    {DType::kBFloat16, 2, true, "bfloat16"},
+    {DType::kFloat8E4M3, 1, true, "float8_e4m3fn"},
+    {DType::kFloat8E5M2, 1, true, "float8_e5m2"},
+    {DType::kInt64, 8, false, "int64"},
+    {DType::kInt32, 4, false, "int32"},
+    {DType::kInt16, 2, false, "int16"},
+    {DType::kInt8, 1, false, "int8"},
+    {DType::kUInt8, 1, false, "uint8"},
+    {DType::kBool, 1, false, "bool"},
+    {DType::kUInt16, 2, false, "uint16"},
+    {DType::kUInt32, 4, false, "uint32"},
+    {DType::kUInt64, 8, false, "uint64"},
+    {DType::kComplex64, 8, true, "complex64"},
+    {DType::kComplex128, 16, true, "complex128"},
+};
+
+const DTypeInfo& Info(DType dtype) {
+  const auto index = static_cast<size_t>(dtype);
+  return index < std::size(kDTypes) ? kDTypes[index] : kDTypes[0];
+}
+
+}  // namespace
+
+size_t DTypeSize(DType dtype) { return Info(dtype).size; }
+bool IsFloating(DType dtype) { return Info(dtype).floating; }
+std::string_view DTypeName(DType dtype) { return Info(dtype).name; }
+
+bool ParseDType(std::string_view text, DType* out) {
+  struct Alias {
+    std::string_view name;
+    DType dtype;
+  };
+  static constexpr Alias kAliases[] = {
+      {"fp64", DType::kFloat64},
+      {"f64", DType::kFloat64},
+      {"double", DType::kFloat64},
+      {"fp32", DType::kFloat32},
+      {"f32", DType::kFloat32},
+      {"float", DType::kFloat32},
+      {"fp16", DType::kFloat16},
+      {"f16", DType::kFloat16},
+      {"half", DType::kFloat16},
+      {"bf16", DType::kBFloat16},
+      {"fp8_e4m3", DType::kFloat8E4M3},
+      {"fp8_e4m3fn", DType::kFloat8E4M3},
+      {"float8_e4m3", DType::kFloat8E4M3},
+      {"e4m3", DType::kFloat8E4M3},
+      {"fp8_e5m2", DType::kFloat8E5M2},
+      {"e5m2", DType::kFloat8E5M2},
+      {"i64", DType::kInt64},
+      {"long", DType::kInt64},
+      {"i32", DType::kInt32},
+      {"int", DType::kInt32},
+      {"i16", DType::kInt16},
+      {"short", DType::kInt16},
+      {"i8", DType::kInt8},
+      {"u8", DType::kUInt8},
+      {"byte", DType::kUInt8},
+      {"u16", DType::kUInt16},
+      {"u32", DType::kUInt32},
+      {"u64", DType::kUInt64},
+      {"c64", DType::kComplex64},
+      {"cfloat", DType::kComplex64},
+      {"c128", DType::kComplex128},
+      {"cdouble", DType::kComplex128},
+  };
+  if (text.starts_with("torch.")) text.remove_prefix(6);
+  for (const auto& info : kDTypes) {
+    if (info.dtype != DType::kUnknown && info.name == text) {
+      *out = info.dtype;
+      return true;
+    }
+  }
+  for (const auto& alias : kAliases) {
+    if (alias.name == text) {
+      *out = alias.dtype;
+      return true;
+    }
+  }
+  return false;
+}
+
+std::string Digest::Hex() const {
+  uint8_t bytes[16];
+  for (int i = 0; i < 8; ++i) {
+    bytes[i] = static_cast<uint8_t>(lo >> (8 * i));
+    bytes[8 + i] = static_cast<uint8_t>(hi >> (8 * i));
+  }
+  return ToHex(bytes, sizeof bytes);
+}
+
+int64_t NumElements(std::span<const int64_t> shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0) return -1;
+    if (d == 0) n = 0;
+  }
+  if (n == 0) return 0;
+  for (int64_t d : shape) {
+    if (__builtin_mul_overflow(n, d, &n)) return -1;
+  }
+  return n;
+}
+
+std::string ValidateView(const TensorView& tensor) {
+  if (DTypeSize(tensor.dtype) == 0) return "unknown dtype";
+  const int64_t numel = NumElements(tensor.shape);
+  if (numel < 0) return "shape has a negative dimension or overflows int64";
+  int64_t bytes = 0;
+  if (__builtin_mul_overflow(numel, static_cast<int64_t>(DTypeSize(tensor.dtype)), &bytes)) {
+    return "tensor size overflows int64";
+  }
+  if (!tensor.strides.empty() && tensor.strides.size() != tensor.shape.size()) {
+    return "strides and shape have different ranks";
+  }
+  if (numel > 0 && tensor.data == nullptr) return "null data for a non-empty tensor";
+  return {};
+}
+
+MetaKey ComputeMeta(DType dtype, std::span<const int64_t> shape) {
+  spec::Meta meta;
+  const int64_t numel = std::max<int64_t>(NumElements(shape), 0);
+  spec::Absorb(meta, static_cast<uint64_t>(dtype));
+  spec::Absorb(meta, static_cast<uint64_t>(numel) * DTypeSize(dtype));
+  spec::Absorb(meta, shape.size());
+  for (int64_t d : shape) spec::Absorb(meta, static_cast<uint64_t>(d));
+  return {meta.lo, meta.hi};
+}
+
+namespace internal {
+
+bool CpuHasAvx2() {
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  return has;
+}
+
+}  // namespace internal
+
+namespace {
+
+using internal::HostOptions;
+using internal::Isa;
+
+// ---- hashing --------------------------------------------------------------------
+
+struct KeyTables {
+  alignas(64) uint64_t a[spec::kBlockWords];
+  alignas(64) uint64_t b[spec::kBlockWords];
+};
+
+constexpr KeyTables MakeKeyTables() {
+  KeyTables t{};
+  for (uint32_t i = 0; i < spec::kBlockWords; ++i) {
+    t.a[i] = spec::TableKeyA(i);
+    t.b[i] = spec::TableKeyB(i);
+  }
+  return t;
+}
+
+constexpr KeyTables kKeys = MakeKeyTables();
+
+inline uint64_t Load64(const uint8_t* p) {
+  uint64_t w;
+  std::memcpy(&w, p, 8);  // the format is little-endian; so is every host we build for
+  return w;
+}
+
+// Adds words [first_word, first_word + nwords) read from `p` (which points at
+// word first_word; any alignment). Reference loop: the AVX2 path must match it.
+void HashWordsScalar(const uint8_t* p, uint64_t first_word, uint64_t nwords, spec::Lanes& lanes) {
+  uint64_t word = first_word;
+  const uint64_t end = first_word + nwords;
+  uint64_t a0 = lanes.a0, a1 = lanes.a1;
+  while (word < end) {
+    const uint64_t block = word / spec::kBlockWords;
+    const spec::BlockKeys bk = spec::BlockKey(block);
+    const uint64_t block_end = std::min(end, (block + 1) * spec::kBlockWords);
+    for (uint32_t i = static_cast<uint32_t>(word % spec::kBlockWords); word < block_end;
+         ++word, ++i, p += 8) {
+      const uint64_t w = Load64(p);
+      a0 += spec::TermA(w, kKeys.a[i] + bk.a);
+      a1 += spec::TermB(w, kKeys.b[i] + bk.b);
+    }
+  }
+  lanes.a0 = a0;
+  lanes.a1 = a1;
+}
+
+__attribute__((target("avx2"))) inline uint64_t HorizontalSum(__m256i v) {
+  const __m128i s = _mm_add_epi64(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  return static_cast<uint64_t>(_mm_cvtsi128_si64(s)) +
+         static_cast<uint64_t>(_mm_extract_epi64(s, 1));
+}
+
+__attribute__((target("avx2"))) void HashWordsAvx2(const uint8_t* p, uint64_t first_word,
+                                                   uint64_t nwords, spec::Lanes& lanes) {
+  uint64_t word = first_word;
+  const uint64_t end = first_word + nwords;
+  __m256i acc_a = _mm256_setzero_si256(), acc_b = _mm256_setzero_si256();
+  uint64_t a0 = 0, a1 = 0;  // scalar remainders
+  while (word < end) {
+    const uint64_t block = word / spec::kBlockWords;
+    const spec::BlockKeys bk = spec::BlockKey(block);
+    const uint64_t block_end = std::min(end, (block + 1) * spec::kBlockWords);
+    uint32_t i = static_cast<uint32_t>(word % spec::kBlockWords);
+    const __m256i ka = _mm256_set1_epi64x(static_cast<int64_t>(bk.a));
+    const __m256i kb = _mm256_set1_epi64x(static_cast<int64_t>(bk.b));
+    // Two words-of-four per iteration keeps two independent multiply chains in flight.
+    for (; word + 8 <= block_end; word += 8, i += 8, p += 64) {
+      const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+      const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32));
+      const __m256i xa0 = _mm256_xor_si256(
+          w0,
+          _mm256_add_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(kKeys.a + i)), ka));
+      const __m256i xa1 = _mm256_xor_si256(
+          w1, _mm256_add_epi64(
+                  _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kKeys.a + i + 4)), ka));
+      const __m256i xb0 = _mm256_xor_si256(
+          w0,
+          _mm256_add_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(kKeys.b + i)), kb));
+      const __m256i xb1 = _mm256_xor_si256(
+          w1, _mm256_add_epi64(
+                  _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kKeys.b + i + 4)), kb));
+      const __m256i pa0 = _mm256_mul_epu32(xa0, _mm256_srli_epi64(xa0, 32));
+      const __m256i pa1 = _mm256_mul_epu32(xa1, _mm256_srli_epi64(xa1, 32));
+      const __m256i pb0 = _mm256_mul_epu32(xb0, _mm256_srli_epi64(xb0, 32));
+      const __m256i pb1 = _mm256_mul_epu32(xb1, _mm256_srli_epi64(xb1, 32));
+      // _MM_SHUFFLE(2, 3, 0, 1) swaps the 32-bit halves of each 64-bit word.
+      acc_a = _mm256_add_epi64(acc_a, _mm256_add_epi64(pa0, _mm256_shuffle_epi32(w0, 0xB1)));
+      acc_a = _mm256_add_epi64(acc_a, _mm256_add_epi64(pa1, _mm256_shuffle_epi32(w1, 0xB1)));
+      acc_b = _mm256_add_epi64(acc_b, _mm256_add_epi64(pb0, w0));
+      acc_b = _mm256_add_epi64(acc_b, _mm256_add_epi64(pb1, w1));
+    }
+    for (; word < block_end; ++word, ++i, p += 8) {
+      const uint64_t w = Load64(p);
+      a0 += spec::TermA(w, kKeys.a[i] + bk.a);
+      a1 += spec::TermB(w, kKeys.b[i] + bk.b);
+    }
+  }
+  lanes.a0 += a0 + HorizontalSum(acc_a);
+  lanes.a1 += a1 + HorizontalSum(acc_b);
+}
+
+using HashFn = void (*)(const uint8_t*, uint64_t, uint64_t, spec::Lanes&);
+
+HashFn SelectHash(Isa isa) {
+  if (isa == Isa::kScalar) return HashWordsScalar;
+  if (isa == Isa::kAvx2 || internal::CpuHasAvx2()) {
+    return internal::CpuHasAvx2() ? HashWordsAvx2 : HashWordsScalar;
+  }
+  return HashWordsScalar;
+}
+
+// Hashes the bytes [offset, offset + len) of the logical stream, held at `p`.
+// `offset` is a multiple of 8; `len` may end mid-word only at the end of the
+// stream (the zero-padded last word).
+void HashBytes(HashFn hash, const uint8_t* p, uint64_t offset, uint64_t len, spec::Lanes& lanes) {
+  const uint64_t full = len / 8;
+  hash(p, offset / 8, full, lanes);
+  if (const uint64_t rest = len % 8) {
+    uint64_t w = 0;
+    std::memcpy(&w, p + full * 8, rest);
+    spec::AddWord(lanes, w, offset / 8 + full);
+  }
+}
+
+// ---- statistics -----------------------------------------------------------------
+
+// Decoding tables built from the spec functions, so CPU and GPU agree on
+// every fp16 and fp8 value.
+struct DecodeTables {
+  std::vector<float> half;  // 65536 entries; every fp16 value is exact in fp32
+  float e4m3[256];
+  float e5m2[256];
+  DecodeTables() : half(65536) {
+    for (uint32_t i = 0; i < 65536; ++i) {
+      half[i] = static_cast<float>(spec::HalfToDouble(static_cast<uint16_t>(i)));
+    }
+    for (uint32_t i = 0; i < 256; ++i) {
+      e4m3[i] = static_cast<float>(spec::Fp8E4M3ToDouble(static_cast<uint8_t>(i)));
+      e5m2[i] = static_cast<float>(spec::Fp8E5M2ToDouble(static_cast<uint8_t>(i)));
+    }
+  }
+};
+
+const DecodeTables& Tables() {
+  static const DecodeTables* tables = new DecodeTables();
+  return *tables;
+}
+
+// Per-tile floating statistics with 8 interleaved accumulators (element e of
+// the tile goes to accumulator e % 8, combined in a fixed tree): the same
+// order on every path and thread count, and a loop GCC can vectorise.
+struct TileFloat {
+  uint64_t nan = 0, inf = 0, finite = 0;
+  double min = std::numeric_limits<double>::infinity();
+  double max = -std::numeric_limits<double>::infinity();
+  double sum = 0, l2 = 0;
+};
+
+// The accumulators of one tile: element e goes to slot e % 8. The AVX2
+// kernels below keep the same eight slots in two registers and hand the
+// remainder to Add(), so both paths perform the same roundings.
+struct FloatAcc8 {
+  static constexpr double kInf = std::numeric_limits<double>::infinity();
+  uint64_t nan[8] = {}, inf[8] = {};
+  double mn[8] = {kInf, kInf, kInf, kInf, kInf, kInf, kInf, kInf};
+  double mx[8] = {-kInf, -kInf, -kInf, -kInf, -kInf, -kInf, -kInf, -kInf};
+  double s[8] = {}, q[8] = {};
+
+  void Add(uint64_t j, double v) {
+    const bool is_nan = v != v;
+    const bool is_inf = std::fabs(v) == kInf;
+    const bool finite = !is_nan && !is_inf;
+    const double f = finite ? v : 0.0;
+    nan[j] += is_nan;
+    inf[j] += is_inf;
+    s[j] += f;
+    q[j] += f * f;
+    if (finite && v <= mn[j]) mn[j] = v;
+    if (finite && v >= mx[j]) mx[j] = v;
+  }
+
+  TileFloat Finish(uint64_t n) const {
+    TileFloat t;
+    for (int j = 0; j < 8; ++j) {
+      t.nan += nan[j];
+      t.inf += inf[j];
+      t.min = std::min(t.min, mn[j]);
+      t.max = std::max(t.max, mx[j]);
+    }
+    t.finite = n - t.nan - t.inf;
+    t.sum = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+    t.l2 = ((q[0] + q[1]) + (q[2] + q[3])) + ((q[4] + q[5]) + (q[6] + q[7]));
+    return t;
+  }
+};
+
+struct TileInt {
+  __int128 min = 0, max = 0, sum = 0;
+  uint64_t count = 0;
+};
+
+namespace scalar_stats {
+#include "fingerprint_stats.inc"
+}  // namespace scalar_stats
+
+#pragma GCC push_options
+#pragma GCC target("avx2")
+namespace avx2_stats {
+#include "fingerprint_stats.inc"
+}  // namespace avx2_stats
+#pragma GCC pop_options
+
+void StatsTileScalar(DType d, const uint8_t* p, uint64_t len, TileFloat* f, TileInt* i) {
+  scalar_stats::StatsTile(d, p, len, f, i);
+}
+// Lambdas do not inherit a function's target attribute, so the AVX2
+// statistics kernels are compiled under a target pragma instead.
+#pragma GCC push_options
+#pragma GCC target("avx2,f16c")
+
+// Four slots of FloatAcc8 in registers; Add4 is FloatAcc8::Add for
+// j = base..base+3 (same comparisons, same roundings, no FMA).
+struct Avx2Slots {
+  __m256i nan, inf;
+  __m256d mn, mx, s, q;
+};
+
+inline void Add4(Avx2Slots& a, __m256d v) {
+  const __m256d abs = _mm256_andnot_pd(_mm256_set1_pd(-0.0), v);
+  const __m256d inf = _mm256_set1_pd(FloatAcc8::kInf);
+  const __m256d is_nan = _mm256_cmp_pd(v, v, _CMP_UNORD_Q);
+  const __m256d is_inf = _mm256_cmp_pd(abs, inf, _CMP_EQ_OQ);
+  const __m256d finite = _mm256_cmp_pd(abs, inf, _CMP_LT_OQ);
+  const __m256d f = _mm256_and_pd(v, finite);
+  a.nan = _mm256_sub_epi64(a.nan, _mm256_castpd_si256(is_nan));
+  a.inf = _mm256_sub_epi64(a.inf, _mm256_castpd_si256(is_inf));
+  a.s = _mm256_add_pd(a.s, f);
+  a.q = _mm256_add_pd(a.q, _mm256_mul_pd(f, f));
+  a.mn = _mm256_blendv_pd(a.mn, v, _mm256_and_pd(finite, _mm256_cmp_pd(v, a.mn, _CMP_LE_OQ)));
+  a.mx = _mm256_blendv_pd(a.mx, v, _mm256_and_pd(finite, _mm256_cmp_pd(v, a.mx, _CMP_GE_OQ)));
+}
+
+inline Avx2Slots Load4(const FloatAcc8& acc, int base) {
+  return {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(acc.nan + base)),
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(acc.inf + base)),
+          _mm256_loadu_pd(acc.mn + base),
+          _mm256_loadu_pd(acc.mx + base),
+          _mm256_loadu_pd(acc.s + base),
+          _mm256_loadu_pd(acc.q + base)};
+}
+
+inline void Store4(const Avx2Slots& a, FloatAcc8& acc, int base) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc.nan + base), a.nan);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc.inf + base), a.inf);
+  _mm256_storeu_pd(acc.mn + base, a.mn);
+  _mm256_storeu_pd(acc.mx + base, a.mx);
+  _mm256_storeu_pd(acc.s + base, a.s);
+  _mm256_storeu_pd(acc.q + base, a.q);
+}
+
+// Runs groups of eight elements through the registers; `load8(e)` yields
+// elements e..e+7 as eight floats (or two vectors of four doubles).
+template <typename Load8>
+inline TileFloat Avx2FloatTile(uint64_t n, Load8 load8, const uint8_t* p, size_t unit,
+                               auto decode) {
+  FloatAcc8 acc;
+  Avx2Slots lo = Load4(acc, 0), hi = Load4(acc, 4);
+  uint64_t e = 0;
+  for (; e + 8 <= n; e += 8) {
+    __m256d v0, v1;
+    load8(e, v0, v1);
+    Add4(lo, v0);
+    Add4(hi, v1);
+  }
+  Store4(lo, acc, 0);
+  Store4(hi, acc, 4);
+  for (; e < n; ++e) acc.Add(e % 8, decode(p + e * unit));
+  return acc.Finish(n);
+}
+
+inline void Widen(__m256 f, __m256d& v0, __m256d& v1) {
+  v0 = _mm256_cvtps_pd(_mm256_castps256_ps128(f));
+  v1 = _mm256_cvtps_pd(_mm256_extractf128_ps(f, 1));
+}
+
+void StatsTileAvx2(DType d, const uint8_t* p, uint64_t len, TileFloat* f, TileInt* i) {
+  switch (d) {
+    case DType::kFloat32:
+    case DType::kComplex64:
+      *f = Avx2FloatTile(
+          len / 4,
+          [p](uint64_t e, __m256d& v0, __m256d& v1) {
+            Widen(_mm256_loadu_ps(reinterpret_cast<const float*>(p + e * 4)), v0, v1);
+          },
+          p, 4,
+          [](const uint8_t* q) {
+            float v;
+            std::memcpy(&v, q, 4);
+            return static_cast<double>(v);
+          });
+      return;
+    case DType::kFloat64:
+    case DType::kComplex128:
+      *f = Avx2FloatTile(
+          len / 8,
+          [p](uint64_t e, __m256d& v0, __m256d& v1) {
+            v0 = _mm256_loadu_pd(reinterpret_cast<const double*>(p + e * 8));
+            v1 = _mm256_loadu_pd(reinterpret_cast<const double*>(p + e * 8 + 32));
+          },
+          p, 8,
+          [](const uint8_t* q) {
+            double v;
+            std::memcpy(&v, q, 8);
+            return v;
+          });
+      return;
+    case DType::kFloat16:
+      // F16C converts every fp16 value (subnormals, Inf, NaN) exactly.
+      *f = Avx2FloatTile(
+          len / 2,
+          [p](uint64_t e, __m256d& v0, __m256d& v1) {
+            Widen(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + e * 2))), v0,
+                  v1);
+          },
+          p, 2,
+          [](const uint8_t* q) {
+            uint16_t h;
+            std::memcpy(&h, q, 2);
+            return spec::HalfToDouble(h);
+          });
+      return;
+    case DType::kBFloat16:
+      *f = Avx2FloatTile(
+          len / 2,
+          [p](uint64_t e, __m256d& v0, __m256d& v1) {
+            const __m256i w =
+                _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + e * 2)));
+            Widen(_mm256_castsi256_ps(_mm256_slli_epi32(w, 16)), v0, v1);
+          },
+          p, 2,
+          [](const uint8_t* q) {
+            uint16_t h;
+            std::memcpy(&h, q, 2);
+            return spec::BFloat16ToDouble(h);
+          });
+      return;
+    default:
+      avx2_stats::StatsTile(d, p, len, f, i);
+  }
+}
+
+#pragma GCC pop_options
+
+// ---- walking the tensor -----------------------------------------------------------
+
+// Copies logical bytes [offset, offset + len) of a strided tensor into `out`.
+// `offset` and `len` are multiples of the element size.
+void Gather(const TensorView& t, uint64_t offset, uint64_t len, uint8_t* out) {
+  const size_t es = DTypeSize(t.dtype);
+  const size_t rank = t.shape.size();
+  uint64_t e = offset / es;
+  const uint64_t count = len / es;
+  std::vector<int64_t> idx(rank);
+  for (size_t d = rank; d-- > 0;) {
+    const auto dim = static_cast<uint64_t>(t.shape[d]);
+    idx[d] = static_cast<int64_t>(e % dim);
+    e /= dim;
+  }
+  const auto* base = static_cast<const uint8_t*>(t.data);
+  int64_t elem_offset = 0;  // in elements, may be negative
+  for (size_t d = 0; d < rank; ++d) elem_offset += idx[d] * t.strides[d];
+  for (uint64_t k = 0; k < count; ++k) {
+    std::memcpy(out + k * es, base + elem_offset * static_cast<int64_t>(es), es);
+    for (size_t d = rank; d-- > 0;) {  // odometer increment, innermost first
+      elem_offset += t.strides[d];
+      if (++idx[d] < t.shape[d]) break;
+      elem_offset -= t.strides[d] * t.shape[d];
+      idx[d] = 0;
+    }
+  }
+}
+
+bool IsContiguous(const TensorView& t) {
+  if (t.strides.empty()) return true;
+  int64_t expected = 1;
+  for (size_t d = t.shape.size(); d-- > 0;) {
+    if (t.shape[d] == 0) return true;
+    if (t.shape[d] != 1 && t.strides[d] != expected) return false;
+    expected *= t.shape[d];
+  }
+  return true;
+}
+
+struct Partial {
+  spec::Lanes lanes;
+  TileFloat f;
+  spec::IntStats i;
+  bool any_float = false;
+};
+
+void MergeFloatCounts(TileFloat& into, const TileFloat& t) {
+  into.nan += t.nan;
+  into.inf += t.inf;
+  into.finite += t.finite;
+  into.min = std::min(into.min, t.min);
+  into.max = std::max(into.max, t.max);
+}
+
+}  // namespace
+
+namespace internal {
+
+Fingerprint FingerprintHostWith(const TensorView& tensor, const HostOptions& options) {
+  Fingerprint result;
+  if (!ValidateView(tensor).empty()) return result;
+  const uint64_t es = DTypeSize(tensor.dtype);
+  const uint64_t total = static_cast<uint64_t>(NumElements(tensor.shape)) * es;
+  const bool contiguous = IsContiguous(tensor);
+  const uint64_t tile = std::max<uint64_t>(16, options.tile_bytes / 16 * 16);
+  const uint64_t tiles = (total + tile - 1) / tile;
+  const HashFn hash = SelectHash(options.isa);
+  const bool avx2 = hash == HashWordsAvx2;
+  const auto stats_tile = avx2 ? StatsTileAvx2 : StatsTileScalar;
+  const bool floating = IsFloating(tensor.dtype);
+
+  int threads = options.threads;
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const uint64_t by_size =
+      std::max<uint64_t>(1, total / std::max<uint64_t>(1, options.min_bytes_per_thread));
+  threads = static_cast<int>(
+      std::min<uint64_t>({static_cast<uint64_t>(threads), by_size, std::max<uint64_t>(tiles, 1)}));
+
+  // Per-tile sums, folded in tile order below so sum/l2 do not depend on threads.
+  std::vector<double> tile_sum(options.stats && floating ? tiles : 0);
+  std::vector<double> tile_l2(tile_sum.size());
+  std::vector<Partial> partials(threads);
+
+  auto work = [&](int t) {
+    const uint64_t t0 = tiles * t / threads, t1 = tiles * (t + 1) / threads;
+    Partial& part = partials[t];
+    std::vector<uint8_t> gathered(contiguous ? 0 : tile);
+    for (uint64_t k = t0; k < t1; ++k) {
+      const uint64_t offset = k * tile;
+      const uint64_t len = std::min(tile, total - offset);
+      const uint8_t* p;
+      if (contiguous) {
+        p = static_cast<const uint8_t*>(tensor.data) + offset;
+      } else {
+        Gather(tensor, offset, len, gathered.data());
+        p = gathered.data();
+      }
+      HashBytes(hash, p, offset, len, part.lanes);
+      if (!options.stats) continue;
+      TileFloat f;
+      TileInt i;
+      stats_tile(tensor.dtype, p, len, &f, &i);
+      if (floating) {
+        MergeFloatCounts(part.f, f);
+        tile_sum[k] = f.sum;
+        tile_l2[k] = f.l2;
+      } else if (i.count) {
+        spec::IntStats s;
+        s.count = i.count;
+        s.min = i.min;
+        s.max = i.max;
+        s.sum = i.sum;
+        part.i.Merge(s);
+      }
+    }
+  };
+  if (threads == 1) {
+    work(0);
+  } else {
+    std::vector<std::thread> pool;
+    pool.reserve(threads - 1);
+    for (int t = 1; t < threads; ++t) pool.emplace_back(work, t);
+    work(0);
+    for (auto& th : pool) th.join();
+  }
+
+  spec::Lanes lanes;
+  TileFloat f;
+  spec::IntStats ints;
+  for (const Partial& part : partials) {
+    lanes.a0 += part.lanes.a0;
+    lanes.a1 += part.lanes.a1;
+    MergeFloatCounts(f, part.f);
+    ints.Merge(part.i);
+  }
+  const MetaKey mk = ComputeMeta(tensor.dtype, tensor.shape);
+  spec::Meta meta;
+  meta.lo = mk.lo;
+  meta.hi = mk.hi;
+  spec::Finalize(lanes, meta, &result.digest.lo, &result.digest.hi);
+
+  if (options.stats) {
+    Stats& s = result.stats;
+    if (floating) {
+      s.nan_count = f.nan;
+      s.inf_count = f.inf;
+      if (f.finite) {
+        s.min = f.min;
+        s.max = f.max;
+      }
+      for (uint64_t k = 0; k < tiles; ++k) {
+        s.sum += tile_sum[k];
+        s.l2 += tile_l2[k];
+      }
+      s.l2 = std::sqrt(s.l2);
+    } else if (ints.count) {
+      s.min = spec::Int128ToDouble(ints.min);
+      s.max = spec::Int128ToDouble(ints.max);
+      s.sum = spec::Int128ToDouble(ints.sum);
+    }
+  }
+  return result;
+}
+
+}  // namespace internal
+
+Fingerprint FingerprintHost(const TensorView& tensor, int threads) {
+  internal::HostOptions options;
+  options.threads = threads;
+  return internal::FingerprintHostWith(tensor, options);
+}
+
+Digest DigestHost(const TensorView& tensor, int threads) {
+  internal::HostOptions options;
+  options.threads = threads;
+  options.stats = false;
+  return internal::FingerprintHostWith(tensor, options).digest;
+}
+
+}  // namespace opguard::fingerprint

@@ -1,0 +1,32 @@
+// Knobs of the CPU path that tests and benchmarks turn; production callers
+// use FingerprintHost / DigestHost. None of them changes the digest, and
+// only `tile_bytes` may change the last bits of Stats::sum and Stats::l2.
+#pragma once
+
+#include <cstdint>
+
+#include "opguard/fingerprint/fingerprint.h"
+
+namespace opguard::fingerprint::internal {
+
+enum class Isa { kAuto, kScalar, kAvx2 };
+
+// The stats fold fixed-size tiles of the logical byte stream in order, which
+// is what makes sum/l2 independent of the thread count.
+constexpr uint64_t kDefaultTileBytes = 64 * 1024;
+
+struct HostOptions {
+  int threads = 1;
+  Isa isa = Isa::kAuto;
+  bool stats = true;
+  uint64_t tile_bytes = kDefaultTileBytes;  // multiple of 16, > 0
+  // Smallest share of the buffer worth a thread of its own.
+  uint64_t min_bytes_per_thread = 4u << 20;
+};
+
+// True when this CPU runs the AVX2 path (checked once at runtime).
+bool CpuHasAvx2();
+
+Fingerprint FingerprintHostWith(const TensorView& tensor, const HostOptions& options);
+
+}  // namespace opguard::fingerprint::internal
