@@ -1,0 +1,331 @@
+// The exported C API: a thin, exception-proof layer over Core.
+//
+// Process-wide state: g_state says whether the shim is uninitialised, on or
+// off; the Core is created once by the first call and deliberately never
+// destroyed, so a host thread that races with exit or shutdown still calls
+// into a live object (it just finds it no longer accepting).
+#include <pthread.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+
+#include "config.h"
+#include "opguard/common/log.h"
+#include "opguard/shim.h"
+#include "shim_core.h"
+
+#ifdef OPGUARD_SHIM_HAVE_FINGERPRINT
+#include "opguard/fingerprint/fingerprint.h"
+#endif
+
+namespace opguard::shim {
+namespace {
+
+enum State : int { kUninit = 0, kOn = 1, kOff = 2 };
+
+std::atomic<int> g_state{kUninit};
+std::atomic<Core*> g_core{nullptr};
+std::mutex g_init_mu;
+std::once_flag g_atfork_once;
+std::atomic<bool> g_failure_logged{false};
+
+// fork(): the child must not touch the parent's sockets, threads or locks.
+// prepare/parent keep g_init_mu consistent across the fork; the child only
+// flips atomics.
+void AtForkPrepare() { g_init_mu.lock(); }
+void AtForkParent() { g_init_mu.unlock(); }
+void AtForkChild() {
+  g_init_mu.unlock();
+  g_state.store(kOff, std::memory_order_release);
+  if (Core* core = g_core.load(std::memory_order_acquire)) core->AbandonAfterFork();
+}
+
+// Normal exit: bounded flush. Registered only once the shim is on; a forked
+// child finds g_state off and does nothing.
+void OnExit() {
+  if (g_state.load(std::memory_order_acquire) != kOn) return;
+  Core* core = g_core.load(std::memory_order_acquire);
+  g_state.store(kOff, std::memory_order_release);
+  if (core != nullptr) {
+    try {
+      (void)core->Shutdown(core->config().flush_timeout_ms);
+    } catch (...) {
+    }
+  }
+}
+
+int Init() {
+  int state = g_state.load(std::memory_order_acquire);
+  if (state != kUninit) return state == kOn ? 1 : 0;
+  std::call_once(g_atfork_once, [] { pthread_atfork(AtForkPrepare, AtForkParent, AtForkChild); });
+  std::lock_guard<std::mutex> lock(g_init_mu);
+  state = g_state.load(std::memory_order_acquire);
+  if (state != kUninit) return state == kOn ? 1 : 0;
+
+  LogLevel level = LogLevel::kInfo;
+  auto config = ParseConfig(ProcessEnv(), &level);
+  if (!config.ok() || config->enabled) {
+    SetLogComponent("opguard-shim");
+    SetLogLevel(level);
+  }
+  if (!config.ok()) {
+    OPGUARD_LOG(LogLevel::kWarn, config.status().message());
+    g_state.store(kOff, std::memory_order_release);
+    return 0;
+  }
+  if (!config->enabled) {
+    g_state.store(kOff, std::memory_order_release);
+    return 0;
+  }
+  auto core = Core::Start(*config);
+  if (!core.ok()) {
+    OPGUARD_LOG(LogLevel::kError, "cannot start: " + core.status().message() +
+                                      "; OpGuard is disabled in this process, training continues");
+    g_state.store(kOff, std::memory_order_release);
+    return 0;
+  }
+  g_core.store(core->release(), std::memory_order_release);
+  if (config->run_generated && config->rank == 0) {
+    OPGUARD_LOG(LogLevel::kInfo, "OPGUARD_RUN is not set; recording as run '" + config->run + "'");
+  }
+  OPGUARD_LOG(LogLevel::kDebug, "recording run '" + config->run + "' as rank " +
+                                    std::to_string(config->rank) + " of " +
+                                    std::to_string(config->world_size) + " (" +
+                                    config->rank_source + ") to " + config->endpoint);
+  std::atexit(OnExit);
+  g_state.store(kOn, std::memory_order_release);
+  return 1;
+}
+
+inline Core* Active() {
+  int state = g_state.load(std::memory_order_acquire);
+  if (state == kUninit) state = Init() != 0 ? kOn : kOff;
+  return state == kOn ? g_core.load(std::memory_order_acquire) : nullptr;
+}
+
+// Any exception escaping the core ends recording for this process.
+void Failed(const char* where, const char* what) {
+  g_state.store(kOff, std::memory_order_release);
+  if (Core* core = g_core.load(std::memory_order_acquire)) core->AbandonAfterFork();
+  if (!g_failure_logged.exchange(true)) {
+    try {
+      OPGUARD_LOG(LogLevel::kError, std::string("internal failure in ") + where + " (" + what +
+                                        "); OpGuard is disabled in this process, training continues");
+    } catch (...) {
+    }
+  }
+}
+
+template <typename R, typename F>
+R Guard(const char* where, R fallback, F&& fn) noexcept {
+  try {
+    return fn();
+  } catch (const std::exception& e) {
+    Failed(where, e.what());
+  } catch (...) {
+    Failed(where, "unknown exception");
+  }
+  return fallback;
+}
+
+const char* EmptyIfNull(const char* s) { return s != nullptr ? s : ""; }
+
+}  // namespace
+}  // namespace opguard::shim
+
+using opguard::shim::Active;
+using opguard::shim::Core;
+using opguard::shim::Guard;
+
+extern "C" {
+
+OPGUARD_API int opguard_api_version(void) { return OPGUARD_SHIM_API_VERSION; }
+
+OPGUARD_API int opguard_init(void) { return Guard("opguard_init", 0, [] { return opguard::shim::Init(); }); }
+
+OPGUARD_API int opguard_enabled(void) {
+  return Guard("opguard_enabled", 0, [] {
+    Core* core = Active();
+    return core != nullptr && core->accepting() ? 1 : 0;
+  });
+}
+
+OPGUARD_API const char* opguard_run_name(void) {
+  return Guard("opguard_run_name", "", [] {
+    Core* core = Active();
+    return core != nullptr ? core->config().run.c_str() : "";
+  });
+}
+
+OPGUARD_API uint32_t opguard_rank(void) {
+  return Guard("opguard_rank", 0u, [] {
+    Core* core = Active();
+    return core != nullptr ? core->config().rank : 0u;
+  });
+}
+
+OPGUARD_API uint32_t opguard_world_size(void) {
+  return Guard("opguard_world_size", 0u, [] {
+    Core* core = Active();
+    return core != nullptr ? core->config().world_size : 0u;
+  });
+}
+
+OPGUARD_API int opguard_flush(uint32_t timeout_ms) {
+  return Guard("opguard_flush", OPGUARD_ERR_DISABLED, [&] {
+    Core* core = Active();
+    return core != nullptr ? core->Flush(timeout_ms) : OPGUARD_ERR_DISABLED;
+  });
+}
+
+OPGUARD_API int opguard_shutdown(uint32_t timeout_ms) {
+  return Guard("opguard_shutdown", OPGUARD_ERR_DISABLED, [&] {
+    Core* core = Active();
+    if (core == nullptr) return OPGUARD_ERR_DISABLED;
+    opguard::shim::g_state.store(opguard::shim::kOff, std::memory_order_release);
+    return core->Shutdown(timeout_ms);
+  });
+}
+
+OPGUARD_API int opguard_set_run_info(int kind, const char* key, const char* value) {
+  return Guard("opguard_set_run_info", OPGUARD_ERR_DISABLED, [&] {
+    Core* core = Active();
+    if (core == nullptr) return OPGUARD_ERR_DISABLED;
+    return core->SetRunInfo(kind, opguard::shim::EmptyIfNull(key), opguard::shim::EmptyIfNull(value));
+  });
+}
+
+OPGUARD_API uint64_t opguard_intern(const char* text, size_t len) {
+  return Guard("opguard_intern", uint64_t{0}, [&]() -> uint64_t {
+    if (text == nullptr) return 0;
+    std::string_view s(text, len);
+    Core* core = Active();
+    return core != nullptr ? core->Intern(s) : opguard::shim::StringId(s);
+  });
+}
+
+OPGUARD_API uint64_t opguard_site(const char* file, uint32_t line, const char* function) {
+  return Guard("opguard_site", uint64_t{0}, [&]() -> uint64_t {
+    std::string_view f = opguard::shim::EmptyIfNull(file);
+    std::string_view fn = opguard::shim::EmptyIfNull(function);
+    Core* core = Active();
+    return core != nullptr ? core->Site(f, line, fn) : opguard::shim::SiteId(f, line, fn);
+  });
+}
+
+OPGUARD_API uint64_t opguard_source_file(const char* path, const void* content, size_t len) {
+  return Guard("opguard_source_file", uint64_t{0}, [&]() -> uint64_t {
+    if (path == nullptr) return 0;
+    Core* core = Active();
+    return core != nullptr ? core->SourceFile(path, content, len) : opguard::shim::StringId(path);
+  });
+}
+
+OPGUARD_API int opguard_record_op(const opguard_op* op, uint64_t* op_index_out) {
+  return Guard("opguard_record_op", OPGUARD_ERR_DISABLED, [&] {
+    Core* core = Active();
+    if (core == nullptr) return OPGUARD_ERR_DISABLED;
+    if (op == nullptr) return OPGUARD_ERR_INVALID;
+    return core->RecordOp(*op, op_index_out);
+  });
+}
+
+OPGUARD_API uint64_t opguard_lane_position(uint32_t lane) {
+  return Guard("opguard_lane_position", uint64_t{0}, [&]() -> uint64_t {
+    Core* core = Active();
+    return core != nullptr ? core->LanePosition(lane) : 0;
+  });
+}
+
+OPGUARD_API int opguard_mark_step(uint32_t lane, uint64_t step) {
+  return Guard("opguard_mark_step", OPGUARD_ERR_DISABLED, [&] {
+    Core* core = Active();
+    return core != nullptr ? core->MarkStep(lane, step) : OPGUARD_ERR_DISABLED;
+  });
+}
+
+OPGUARD_API int opguard_report_gap(uint32_t lane, uint64_t count, const char* reason,
+                                   uint64_t* first_op_out) {
+  return Guard("opguard_report_gap", OPGUARD_ERR_DISABLED, [&] {
+    Core* core = Active();
+    if (core == nullptr) return OPGUARD_ERR_DISABLED;
+    return core->ReportGap(lane, count, opguard::shim::EmptyIfNull(reason), first_op_out);
+  });
+}
+
+OPGUARD_API uint64_t opguard_communicator_define(const opguard_communicator* comm) {
+  return Guard("opguard_communicator_define", uint64_t{0}, [&]() -> uint64_t {
+    if (comm == nullptr) return 0;
+    Core* core = Active();
+    if (core == nullptr) return 0;
+    return core->DefineCommunicator(*comm);
+  });
+}
+
+OPGUARD_API int opguard_record_collective(const opguard_collective* coll, uint64_t* seq_out) {
+  return Guard("opguard_record_collective", OPGUARD_ERR_DISABLED, [&] {
+    Core* core = Active();
+    if (core == nullptr) return OPGUARD_ERR_DISABLED;
+    if (coll == nullptr) return OPGUARD_ERR_INVALID;
+    return core->RecordCollective(*coll, seq_out);
+  });
+}
+
+OPGUARD_API int opguard_get_counters(opguard_counters* out) {
+  return Guard("opguard_get_counters", OPGUARD_ERR_INVALID, [&] {
+    if (out == nullptr || out->struct_size < sizeof(uint32_t)) return OPGUARD_ERR_INVALID;
+    Core* core = Active();
+    if (core == nullptr) {
+      uint32_t size = out->struct_size;
+      std::memset(out, 0, std::min<size_t>(size, sizeof(opguard_counters)));
+      out->struct_size = size;
+      return OPGUARD_ERR_DISABLED;
+    }
+    core->GetCounters(out);
+    return OPGUARD_OK;
+  });
+}
+
+OPGUARD_API int opguard_fingerprint_host(const void* data, uint8_t dtype, const int64_t* shape,
+                                         uint32_t ndim, const int64_t* strides, opguard_tensor* out) {
+  return Guard("opguard_fingerprint_host", OPGUARD_ERR_INVALID, [&] {
+    if (out == nullptr || (ndim != 0 && shape == nullptr) || ndim > 64 || dtype == 0 ||
+        dtype > OPGUARD_DTYPE_COMPLEX128) {
+      return OPGUARD_ERR_INVALID;
+    }
+#ifdef OPGUARD_SHIM_HAVE_FINGERPRINT
+    namespace fp = opguard::fingerprint;
+    int64_t elements = 1;
+    for (uint32_t i = 0; i < ndim; ++i) {
+      if (shape[i] < 0) return OPGUARD_ERR_INVALID;
+      elements *= shape[i];
+    }
+    if (elements != 0 && data == nullptr) return OPGUARD_ERR_INVALID;
+    fp::TensorView view;
+    view.data = data;
+    view.dtype = static_cast<fp::DType>(dtype);
+    view.shape = std::span<const int64_t>(shape, ndim);
+    if (strides != nullptr) view.strides = std::span<const int64_t>(strides, ndim);
+    fp::Fingerprint f = fp::FingerprintHost(view, 1);
+    *out = opguard_tensor{};
+    out->fp_lo = f.digest.lo;
+    out->fp_hi = f.digest.hi;
+    out->shape = shape;
+    out->ndim = ndim;
+    out->dtype = dtype;
+    out->has_stats = 1;
+    out->device = -1;
+    out->stats = {f.stats.nan_count, f.stats.inf_count, f.stats.min, f.stats.max, f.stats.sum, f.stats.l2};
+    return OPGUARD_OK;
+#else
+    (void)data;
+    (void)strides;
+    return OPGUARD_ERR_UNSUPPORTED;
+#endif
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,875 @@
+#include "shim_core.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <random>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "opguard/common/log.h"
+#include "opguard/idl/envelope.h"
+
+namespace opguard::shim {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+constexpr uint32_t kMaxDims = 64;
+constexpr size_t kMaxAckBytes = 1 << 20;
+
+size_t TensorBytes(const opguard_tensor& t) { return sizeof(TensorFixed) + size_t{t.ndim} * 8; }
+
+bool ValidTensor(const opguard_tensor& t) {
+  return t.ndim <= kMaxDims && (t.ndim == 0 || t.shape != nullptr);
+}
+
+void PutTensor(EntryWriter& w, const opguard_tensor& t) {
+  TensorFixed f{};
+  f.lo = t.fp_lo;
+  f.hi = t.fp_hi;
+  f.ndim = t.ndim;
+  f.dtype = t.dtype;
+  f.has_stats = t.has_stats != 0 ? 1 : 0;
+  f.device = t.device;
+  if (t.has_stats != 0) f.stats = t.stats;
+  w.Put(f);
+  if (t.ndim != 0) {
+    // shape is int64 and the position is 8-aligned: copy the dims verbatim.
+    std::memcpy(w.pos(), t.shape, size_t{t.ndim} * 8);
+    w = EntryWriter(w.pos() + size_t{t.ndim} * 8);
+  }
+}
+
+uint64_t RandomSession() {
+  std::random_device rd;
+  uint64_t v = (uint64_t{rd()} << 32) ^ rd() ^ static_cast<uint64_t>(::getpid()) ^
+               static_cast<uint64_t>(Clock::now().time_since_epoch().count());
+  return v == 0 ? 1 : v;
+}
+
+// Copies a caller struct of `struct_size` bytes into a zeroed T, so callers
+// built against an older (smaller) or newer (larger) header both work.
+template <typename T>
+bool CopySized(const T* in, T* out) {
+  *out = T{};
+  if (in == nullptr || in->struct_size < sizeof(uint32_t)) return false;
+  std::memcpy(out, in, std::min<size_t>(in->struct_size, sizeof(T)));
+  out->struct_size = sizeof(T);
+  return true;
+}
+
+// Variables that change numerics or collectives; recorded with every run.
+constexpr const char* kRelevantEnv[] = {
+    "CUBLAS_WORKSPACE_CONFIG", "CUDA_LAUNCH_BLOCKING", "NVIDIA_TF32_OVERRIDE", "NCCL_ALGO",
+    "NCCL_PROTO", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "NCCL_NTHREADS",
+    "NCCL_BUFFSIZE", "NCCL_P2P_DISABLE", "NCCL_IB_DISABLE", "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS", "MKL_CBWR", "PYTHONHASHSEED", "TORCH_DETERMINISTIC",
+    "CUDA_VISIBLE_DEVICES", "MASTER_ADDR", "MASTER_PORT"};
+
+}  // namespace
+
+uint64_t StringId(std::string_view text) { return XXH64(text.data(), text.size(), 0); }
+
+uint64_t SiteId(std::string_view file, uint32_t line, std::string_view function) {
+  XXH64_state_t st;
+  XXH64_reset(&st, 0);
+  XXH64_update(&st, file.data(), file.size());
+  std::string mid = ":" + std::to_string(line) + ":";
+  XXH64_update(&st, mid.data(), mid.size());
+  XXH64_update(&st, function.data(), function.size());
+  return XXH64_digest(&st);
+}
+
+uint64_t WallNs() {
+  timespec ts;
+  ::clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+uint64_t CoarseWallNs() {
+  timespec ts;
+  ::clock_gettime(CLOCK_REALTIME_COARSE, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+Core::Core(const Config& config)
+    : config_(config),
+      session_(RandomSession()),
+      lanes_(new LaneState[kMaxLanes]),
+      ctx_(std::make_unique<zmq::context_t>(1)),
+      encoder_(BatchIdentity{config.run, config.rank, session_}, config.batch_records,
+               config.max_source_bytes) {
+  char host[256] = {};
+  if (::gethostname(host, sizeof(host) - 1) != 0) std::strcpy(host, "unknown");
+  announce_.node = host;
+  announce_.local_rank = config.local_rank;
+  announce_.world_size = config.world_size;
+  announce_.pid = static_cast<uint64_t>(::getpid());
+  announce_.start_ns = WallNs();
+  for (const char* job : {"SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "OMPI_MCA_ess_base_jobid"}) {
+    const char* v = std::getenv(job);
+    if (v != nullptr && *v != '\0' && std::strcmp(v, "none") != 0) {
+      announce_.job_id = v;
+      break;
+    }
+  }
+  announce_.versions.emplace_back("opguard-shim", OPGUARD_SHIM_VERSION);
+  announce_.versions.emplace_back("zeromq", std::to_string(ZMQ_VERSION_MAJOR) + "." +
+                                                std::to_string(ZMQ_VERSION_MINOR) + "." +
+                                                std::to_string(ZMQ_VERSION_PATCH));
+  for (const char* var : kRelevantEnv) {
+    if (const char* v = std::getenv(var)) announce_.environment.emplace_back(var, v);
+  }
+  announce_.environment.emplace_back("OPGUARD_RANK_SOURCE", config.rank_source);
+}
+
+Result<std::unique_ptr<Core>> Core::Start(const Config& config) {
+  std::unique_ptr<Core> core(new Core(config));
+  OPGUARD_RETURN_IF_ERROR(core->StartSender());
+  return core;
+}
+
+Status Core::StartSender() {
+  wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (wake_fd_ < 0) return Internal(std::string("eventfd: ") + std::strerror(errno));
+  // The sender (and the ZeroMQ I/O thread it starts) must never take the
+  // host's signals: start it with every signal blocked.
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  try {
+    sender_ = std::thread([this] { SenderMain(); });
+  } catch (const std::exception& e) {
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    return Internal(std::string("cannot start the sender thread: ") + e.what());
+  }
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  return Status::Ok();
+}
+
+Core::~Core() {
+  (void)Shutdown(0);
+  if (sender_.joinable()) {
+    // Shutdown gave up waiting: the thread still uses the context, so leak it.
+    sender_.detach();
+    (void)ctx_.release();
+  }
+  if (wake_fd_ >= 0) ::close(wake_fd_);
+}
+
+void Core::Fail(std::string_view what) {
+  bool expected = false;
+  if (failed_.compare_exchange_strong(expected, true)) {
+    accepting_.store(false, std::memory_order_release);
+    OPGUARD_LOG(LogLevel::kError, "internal failure (" + std::string(what) +
+                                      "); OpGuard is disabled in this process, training continues");
+  }
+}
+
+void Core::Wake() {
+  uint64_t one = 1;
+  ssize_t unused = ::write(wake_fd_, &one, sizeof(one));
+  (void)unused;
+}
+
+// ---------------------------------------------------------------------------
+// Producer side
+
+uint8_t* Core::ReserveLocked(EntryKind kind, size_t bytes, bool subject_to_cap) {
+  size_t total = sizeof(EntryHeader) + bytes;
+  if (subject_to_cap &&
+      staged_bytes_ + unacked_bytes_.load(std::memory_order_relaxed) + total > config_.buffer_bytes) {
+    return nullptr;
+  }
+  uint8_t* p = staging_.Append(total);
+  if (p == nullptr) return nullptr;
+  EntryHeader h{};
+  h.size = static_cast<uint32_t>(total);
+  h.kind = kind;
+  std::memcpy(p, &h, sizeof(h));
+  staged_bytes_ += total;
+  return p + sizeof(EntryHeader);
+}
+
+void Core::NoteRecordLocked() {
+  ++records_enqueued_;
+  uint32_t n = staged_records_.fetch_add(1, std::memory_order_relaxed) + 1;
+  if (n == config_.batch_records) Wake();
+}
+
+void Core::EmitGapLocked(uint32_t lane, LaneState& ls, std::string_view reason) {
+  size_t bytes = sizeof(GapFixed) + Pad8(reason.size());
+  uint8_t* p = ReserveLocked(EntryKind::kGap, bytes, /*subject_to_cap=*/false);
+  if (p == nullptr) return;  // out of memory: the range stays open and is retried
+  EntryWriter w(p);
+  GapFixed g{};
+  g.first_op = ls.gap_first;
+  g.last_op = ls.gap_last;
+  g.count = ls.gap_count;
+  g.lane = lane;
+  g.reason_len = static_cast<uint32_t>(reason.size());
+  w.Put(g);
+  w.PutBytes(reason.data(), reason.size());
+  ls.gap_open = false;
+  ++gaps_reported_;
+  ops_missing_ += ls.gap_last - ls.gap_first + 1;
+}
+
+void Core::EmitCollGapLocked(uint64_t comm, const CollGap& cg) {
+  uint8_t* p = ReserveLocked(EntryKind::kCollectiveGap, sizeof(CollectiveGapFixed), false);
+  if (p == nullptr) return;
+  EntryWriter w(p);
+  w.Put(CollectiveGapFixed{comm, cg.first, cg.last, cg.count});
+  ++gaps_reported_;
+}
+
+void Core::CloseOpenGapsLocked() {
+  for (uint32_t lane : lanes_with_gap_) {
+    LaneState& ls = lanes_[lane];
+    if (ls.gap_open) EmitGapLocked(lane, ls, "shim buffer full");
+  }
+  lanes_with_gap_.clear();
+  for (const auto& [comm, cg] : coll_gaps_) EmitCollGapLocked(comm, cg);
+  coll_gaps_.clear();
+}
+
+int Core::RecordOp(const opguard_op& in, uint64_t* op_index_out) {
+  if (!accepting()) return OPGUARD_ERR_DISABLED;
+  opguard_op op;
+  bool ok = CopySized(&in, &op) && op.lane < kMaxLanes &&
+            (op.num_inputs == 0 || op.inputs != nullptr) &&
+            (op.num_outputs == 0 || op.outputs != nullptr) &&
+            (op.num_kernels == 0 || op.kernels != nullptr);
+  size_t bytes = sizeof(OpFixed) + size_t{op.num_kernels} * 8;
+  for (uint32_t i = 0; ok && i < op.num_inputs; ++i) {
+    const opguard_value& v = op.inputs[i];
+    bytes += sizeof(ValueFixed);
+    switch (v.kind) {
+      case OPGUARD_VALUE_NONE:
+      case OPGUARD_VALUE_SCALAR:
+        break;
+      case OPGUARD_VALUE_TENSOR:
+        ok = ValidTensor(v.tensor);
+        bytes += TensorBytes(v.tensor);
+        break;
+      case OPGUARD_VALUE_TENSOR_LIST:
+        ok = v.num_tensors == 0 || v.tensors != nullptr;
+        for (uint32_t j = 0; ok && j < v.num_tensors; ++j) {
+          ok = ValidTensor(v.tensors[j]);
+          bytes += TensorBytes(v.tensors[j]);
+        }
+        break;
+      default:
+        ok = false;
+    }
+  }
+  for (uint32_t i = 0; ok && i < op.num_outputs; ++i) {
+    ok = ValidTensor(op.outputs[i]);
+    bytes += TensorBytes(op.outputs[i]);
+  }
+  uint64_t start_ns = op.start_ns != 0 ? op.start_ns : CoarseWallNs();
+
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!ok) {
+    ++records_invalid_;
+    return OPGUARD_ERR_INVALID;
+  }
+  LaneState& ls = lanes_[op.lane];
+  uint64_t index = ls.next_op;
+  if (op.op_index != OPGUARD_AUTO) {
+    if (op.op_index < ls.next_op) {
+      ++records_invalid_;
+      return OPGUARD_ERR_INVALID;
+    }
+    index = op.op_index;
+  }
+  ls.next_op = index + 1;
+  if (op_index_out != nullptr) *op_index_out = index;
+  bool room = staged_bytes_ + unacked_bytes_.load(std::memory_order_relaxed) + bytes +
+                  sizeof(EntryHeader) <=
+              config_.buffer_bytes;
+  if (room && ls.gap_open) EmitGapLocked(op.lane, ls, "shim buffer full");
+  uint8_t* p = room ? ReserveLocked(EntryKind::kOp, bytes, /*subject_to_cap=*/false) : nullptr;
+  if (p == nullptr) {
+    ++records_dropped_;
+    if (!ls.gap_open) {
+      ls.gap_open = true;
+      ls.gap_first = index;
+      ls.gap_count = 0;
+      lanes_with_gap_.push_back(op.lane);
+    }
+    ls.gap_last = index;
+    ++ls.gap_count;
+    return OPGUARD_ERR_DROPPED;
+  }
+  EntryWriter w(p);
+  OpFixed f{};
+  f.op_index = index;
+  f.step = (op.flags & OPGUARD_OP_EXPLICIT_STEP) != 0 ? op.step : current_step_;
+  f.name = op.name;
+  f.site = op.site;
+  f.seq_nr = op.seq_nr;
+  f.start_ns = start_ns;
+  f.duration_ns = op.duration_ns;
+  f.lane = op.lane;
+  f.flags = op.flags;
+  f.num_inputs = op.num_inputs;
+  f.num_outputs = op.num_outputs;
+  f.num_kernels = op.num_kernels;
+  w.Put(f);
+  for (uint32_t i = 0; i < op.num_inputs; ++i) {
+    const opguard_value& v = op.inputs[i];
+    ValueFixed vf{};
+    vf.kind = v.kind;
+    vf.scalar_dtype = v.scalar_dtype;
+    vf.num_tensors = v.kind == OPGUARD_VALUE_TENSOR ? 1
+                     : v.kind == OPGUARD_VALUE_TENSOR_LIST ? v.num_tensors
+                                                           : 0;
+    vf.scalar_bits = v.kind == OPGUARD_VALUE_SCALAR ? v.scalar_bits : 0;
+    w.Put(vf);
+    if (v.kind == OPGUARD_VALUE_TENSOR) PutTensor(w, v.tensor);
+    if (v.kind == OPGUARD_VALUE_TENSOR_LIST) {
+      for (uint32_t j = 0; j < v.num_tensors; ++j) PutTensor(w, v.tensors[j]);
+    }
+  }
+  for (uint32_t i = 0; i < op.num_outputs; ++i) PutTensor(w, op.outputs[i]);
+  if (op.num_kernels != 0) std::memcpy(w.pos(), op.kernels, size_t{op.num_kernels} * 8);
+  NoteRecordLocked();
+  return OPGUARD_OK;
+}
+
+int Core::RecordCollective(const opguard_collective& in, uint64_t* seq_out) {
+  if (!accepting()) return OPGUARD_ERR_DISABLED;
+  opguard_collective c;
+  bool ok = CopySized(&in, &c) && c.lane < kMaxLanes && c.phase <= OPGUARD_PHASE_ENTERED &&
+            (c.num_inputs == 0 || c.inputs != nullptr) &&
+            (c.num_outputs == 0 || c.outputs != nullptr) &&
+            !(c.seq == OPGUARD_AUTO && c.phase != OPGUARD_PHASE_ENTERED);
+  size_t bytes = sizeof(CollectiveFixed);
+  for (uint32_t i = 0; ok && i < c.num_inputs; ++i) {
+    ok = ValidTensor(c.inputs[i]);
+    bytes += TensorBytes(c.inputs[i]);
+  }
+  for (uint32_t i = 0; ok && i < c.num_outputs; ++i) {
+    ok = ValidTensor(c.outputs[i]);
+    bytes += TensorBytes(c.outputs[i]);
+  }
+  uint64_t time_ns = c.time_ns != 0 ? c.time_ns : CoarseWallNs();
+
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!ok) {
+    ++records_invalid_;
+    return OPGUARD_ERR_INVALID;
+  }
+  uint64_t& next = coll_next_seq_[c.communicator];
+  uint64_t seq = c.seq;
+  if (seq == OPGUARD_AUTO) seq = next;
+  if (c.phase == OPGUARD_PHASE_ENTERED || seq >= next) next = std::max(next, seq + 1);
+  if (seq_out != nullptr) *seq_out = seq;
+  uint64_t op_index = c.op_index == OPGUARD_AUTO ? lanes_[c.lane].next_op : c.op_index;
+  uint64_t step = c.step == OPGUARD_AUTO ? current_step_ : c.step;
+
+  bool room = staged_bytes_ + unacked_bytes_.load(std::memory_order_relaxed) + bytes +
+                  sizeof(EntryHeader) <=
+              config_.buffer_bytes;
+  auto gap = coll_gaps_.find(c.communicator);
+  if (room && gap != coll_gaps_.end()) {
+    EmitCollGapLocked(gap->first, gap->second);
+    coll_gaps_.erase(gap);
+  }
+  uint8_t* p = room ? ReserveLocked(EntryKind::kCollective, bytes, false) : nullptr;
+  if (p == nullptr) {
+    ++records_dropped_;
+    auto [it, fresh] = coll_gaps_.try_emplace(c.communicator, CollGap{seq, seq, 0});
+    it->second.first = std::min(it->second.first, seq);
+    it->second.last = std::max(it->second.last, seq);
+    ++it->second.count;
+    (void)fresh;
+    return OPGUARD_ERR_DROPPED;
+  }
+  EntryWriter w(p);
+  CollectiveFixed f{};
+  f.communicator = c.communicator;
+  f.seq = seq;
+  f.count = c.count;
+  f.op_index = op_index;
+  f.step = step;
+  f.site = c.site;
+  f.time_ns = time_ns;
+  f.root = c.root;
+  f.lane = c.lane;
+  f.phase = c.phase;
+  f.kind = c.kind;
+  f.dtype = c.dtype;
+  f.reduce_op = c.reduce_op;
+  f.num_inputs = c.num_inputs;
+  f.num_outputs = c.num_outputs;
+  w.Put(f);
+  for (uint32_t i = 0; i < c.num_inputs; ++i) PutTensor(w, c.inputs[i]);
+  for (uint32_t i = 0; i < c.num_outputs; ++i) PutTensor(w, c.outputs[i]);
+  NoteRecordLocked();
+  return OPGUARD_OK;
+}
+
+uint64_t Core::Intern(std::string_view text) {
+  uint64_t id = StringId(text);
+  if (!accepting()) return id;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (sent_strings_.count(id) != 0) return id;
+  uint8_t* p = ReserveLocked(EntryKind::kString, sizeof(StringFixed) + Pad8(text.size()), false);
+  if (p == nullptr) return id;  // not marked sent: the next call retries
+  sent_strings_.insert(id);
+  EntryWriter w(p);
+  w.Put(StringFixed{id, text.size()});
+  w.PutBytes(text.data(), text.size());
+  return id;
+}
+
+uint64_t Core::Site(std::string_view file, uint32_t line, std::string_view function) {
+  uint64_t id = SiteId(file, line, function);
+  if (!accepting()) return id;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (sent_sites_.count(id) != 0) return id;
+  }
+  uint64_t file_id = Intern(file);
+  uint64_t fn_id = Intern(function);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!sent_sites_.insert(id).second) return id;
+  uint8_t* p = ReserveLocked(EntryKind::kSite, sizeof(SiteFixed), false);
+  if (p == nullptr) {
+    sent_sites_.erase(id);
+    return id;
+  }
+  EntryWriter w(p);
+  w.Put(SiteFixed{id, file_id, fn_id, line, 0});
+  return id;
+}
+
+uint64_t Core::SourceFile(std::string_view path, const void* content, size_t len) {
+  uint64_t id = Intern(path);
+  if (!accepting()) return id;
+  bool from_path = content == nullptr;
+  std::string_view bytes = from_path ? path : std::string_view(static_cast<const char*>(content), len);
+  if (!from_path && len > config_.max_source_bytes) return id;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (sent_sources_.count(id) != 0) return id;
+  uint8_t* p = ReserveLocked(EntryKind::kSource, sizeof(SourceFixed) + Pad8(bytes.size()), true);
+  if (p == nullptr) return id;  // buffer full: retried on the next call for this path
+  sent_sources_.insert(id);
+  EntryWriter w(p);
+  w.Put(SourceFixed{id, bytes.size(), from_path ? 1u : 0u, 0});
+  w.PutBytes(bytes.data(), bytes.size());
+  return id;
+}
+
+uint64_t Core::DefineCommunicator(const opguard_communicator& in) {
+  opguard_communicator c;
+  if (!CopySized(&in, &c)) return 0;
+  std::string_view name = c.name != nullptr ? std::string_view(c.name) : std::string_view();
+  uint32_t num_ranks = c.ranks != nullptr ? c.size : 0;
+  uint64_t id = c.id;
+  if (id == 0) {
+    XXH64_state_t st;
+    XXH64_reset(&st, 0);
+    XXH64_update(&st, name.data(), name.size());
+    for (uint32_t i = 0; i < num_ranks; ++i) {
+      uint32_t r = c.ranks[i];
+      uint8_t le[4] = {static_cast<uint8_t>(r), static_cast<uint8_t>(r >> 8),
+                       static_cast<uint8_t>(r >> 16), static_cast<uint8_t>(r >> 24)};
+      XXH64_update(&st, le, 4);
+    }
+    id = XXH64_digest(&st);
+    if (id == 0) id = 1;
+  }
+  if (!accepting()) return id;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (sent_comms_.count(id) != 0) return id;
+  size_t bytes = sizeof(CommunicatorFixed) + Pad8(name.size()) + Pad8(size_t{num_ranks} * 4);
+  uint8_t* p = ReserveLocked(EntryKind::kCommunicator, bytes, false);
+  if (p == nullptr) return id;
+  sent_comms_.insert(id);
+  EntryWriter w(p);
+  w.Put(CommunicatorFixed{id, c.size, static_cast<uint32_t>(name.size()), num_ranks, 0});
+  w.PutBytes(name.data(), name.size());
+  w.PutBytes(c.ranks, size_t{num_ranks} * 4);
+  return id;
+}
+
+int Core::MarkStep(uint32_t lane, uint64_t step) {
+  if (!accepting()) return OPGUARD_ERR_DISABLED;
+  if (lane >= kMaxLanes) return OPGUARD_ERR_INVALID;
+  uint64_t now = WallNs();
+  std::lock_guard<std::mutex> lock(mu_);
+  current_step_ = step;
+  uint8_t* p = ReserveLocked(EntryKind::kStep, sizeof(StepFixed), false);
+  if (p == nullptr) return OPGUARD_ERR_DROPPED;
+  EntryWriter w(p);
+  w.Put(StepFixed{step, lanes_[lane].next_op, now, lane, 0});
+  return OPGUARD_OK;
+}
+
+int Core::ReportGap(uint32_t lane, uint64_t count, std::string_view reason, uint64_t* first_out) {
+  if (!accepting()) return OPGUARD_ERR_DISABLED;
+  if (lane >= kMaxLanes || count == 0 || count > (uint64_t{1} << 48)) return OPGUARD_ERR_INVALID;
+  std::lock_guard<std::mutex> lock(mu_);
+  LaneState& ls = lanes_[lane];
+  // A shim-side gap still open on this lane is reported first, in order.
+  if (ls.gap_open) EmitGapLocked(lane, ls, "shim buffer full");
+  ls.gap_open = true;
+  ls.gap_first = ls.next_op;
+  ls.gap_last = ls.next_op + count - 1;
+  ls.gap_count = count;
+  ls.next_op += count;
+  if (first_out != nullptr) *first_out = ls.gap_first;
+  EmitGapLocked(lane, ls, reason.empty() ? std::string_view("reported by caller") : reason);
+  return OPGUARD_OK;
+}
+
+int Core::SetRunInfo(int kind, std::string_view key, std::string_view value) {
+  if (!accepting()) return OPGUARD_ERR_DISABLED;
+  std::lock_guard<std::mutex> lock(meta_mu_);
+  auto set = [&](KeyValues& kvs) {
+    if (key.empty()) return false;
+    for (auto& kv : kvs) {
+      if (kv.first == key) {
+        kv.second = value;
+        return true;
+      }
+    }
+    kvs.emplace_back(key, value);
+    return true;
+  };
+  bool ok = true;
+  switch (kind) {
+    case OPGUARD_INFO_FRAMEWORK: announce_.framework = value; break;
+    case OPGUARD_INFO_JOB_ID: announce_.job_id = value; break;
+    case OPGUARD_INFO_VERSION: ok = set(announce_.versions); break;
+    case OPGUARD_INFO_DETERMINISM: ok = set(announce_.determinism); break;
+    case OPGUARD_INFO_ENVIRONMENT: ok = set(announce_.environment); break;
+    default: ok = false;
+  }
+  if (!ok) return OPGUARD_ERR_INVALID;
+  announce_dirty_ = true;
+  return OPGUARD_OK;
+}
+
+uint64_t Core::LanePosition(uint32_t lane) {
+  if (lane >= kMaxLanes) return 0;
+  std::lock_guard<std::mutex> lock(mu_);
+  return lanes_[lane].next_op;
+}
+
+void Core::GetCounters(opguard_counters* out) {
+  opguard_counters c{};
+  c.struct_size = sizeof(c);
+  c.enabled = accepting() ? 1 : 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    c.records_enqueued = records_enqueued_;
+    c.records_dropped = records_dropped_;
+    c.records_invalid = records_invalid_;
+    c.gaps_reported = gaps_reported_;
+    c.ops_missing = ops_missing_;
+    c.buffered_bytes = staged_bytes_ + unacked_bytes_.load();
+  }
+  c.records_sent = records_sent_.load();
+  c.records_acked = records_acked_.load();
+  c.records_rejected = records_rejected_.load();
+  c.batches_sent = batches_sent_.load();
+  c.batches_acked = batches_acked_.load();
+  c.batches_resent = batches_resent_.load();
+  c.batches_rejected = batches_rejected_.load();
+  c.bytes_sent = bytes_sent_.load();
+  c.pending_batches = pending_batches_.load();
+  size_t n = std::min<size_t>(out->struct_size, sizeof(c));
+  uint32_t caller_size = out->struct_size;
+  std::memcpy(out, &c, n);
+  out->struct_size = caller_size;
+}
+
+// ---------------------------------------------------------------------------
+// Waiting calls
+
+int Core::Flush(uint32_t timeout_ms) {
+  auto deadline = Clock::now() + milliseconds(timeout_ms);
+  std::unique_lock<std::mutex> lock(wait_mu_);
+  if (sender_done_) return shutdown_clean_ ? OPGUARD_OK : OPGUARD_ERR_TIMEOUT;
+  uint64_t gen = ++flush_requested_;
+  flush_pending_.store(true, std::memory_order_release);
+  Wake();
+  bool done = wait_cv_.wait_until(lock, deadline, [&] { return flush_completed_ >= gen || sender_done_; });
+  if (flush_completed_ >= gen) return OPGUARD_OK;
+  if (done && sender_done_) return shutdown_clean_ ? OPGUARD_OK : OPGUARD_ERR_TIMEOUT;
+  return OPGUARD_ERR_TIMEOUT;
+}
+
+int Core::Shutdown(uint32_t timeout_ms) {
+  accepting_.store(false, std::memory_order_release);
+  auto now = Clock::now();
+  std::unique_lock<std::mutex> lock(wait_mu_);
+  if (!sender_.joinable() && sender_done_) return shutdown_clean_ ? OPGUARD_OK : OPGUARD_ERR_TIMEOUT;
+  if (!stop_requested_) {
+    stop_requested_ = true;
+    stop_deadline_ = now + milliseconds(timeout_ms);
+  }
+  auto deadline = stop_deadline_;
+  Wake();
+  // The sender gives up by the deadline itself; the grace covers one loop turn.
+  wait_cv_.wait_until(lock, deadline + milliseconds(1000), [&] { return sender_done_; });
+  bool done = sender_done_;
+  bool clean = shutdown_clean_;
+  lock.unlock();
+  if (done && sender_.joinable()) sender_.join();
+  return done && clean ? OPGUARD_OK : OPGUARD_ERR_TIMEOUT;
+}
+
+// ---------------------------------------------------------------------------
+// Sender thread
+
+void Core::SenderMain() {
+  pthread_setname_np(pthread_self(), "opguard-send");
+  try {
+    SenderLoop();
+  } catch (const std::exception& e) {
+    Fail(std::string("sender: ") + e.what());
+  } catch (...) {
+    Fail("sender: unknown exception");
+  }
+  std::lock_guard<std::mutex> lock(wait_mu_);
+  sender_done_ = true;
+  shutdown_clean_ = shutdown_clean_ && !failed_.load();
+  wait_cv_.notify_all();
+}
+
+AnnounceInfo Core::SnapshotAnnounce() {
+  std::lock_guard<std::mutex> lock(meta_mu_);
+  announce_dirty_ = false;
+  return announce_;
+}
+
+void Core::CutAndEncode(bool end_of_run) {
+  uint64_t estimate = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    CloseOpenGapsLocked();
+    staging_.Swap(spare_);
+    estimate = staged_bytes_;
+    unacked_bytes_.fetch_add(estimate, std::memory_order_relaxed);
+    staged_bytes_ = 0;
+    staged_records_.store(0, std::memory_order_relaxed);
+  }
+  bool announce_due = next_seq_ == 0;
+  {
+    std::lock_guard<std::mutex> lock(meta_mu_);
+    announce_due = announce_due || announce_dirty_;
+  }
+  if (spare_.empty() && !announce_due && !end_of_run) {
+    unacked_bytes_.fetch_sub(estimate, std::memory_order_relaxed);
+    return;
+  }
+  AnnounceInfo announce;
+  if (announce_due) announce = SnapshotAnnounce();
+  EncodeStats stats;
+  auto batches = encoder_.Encode(spare_.data(), spare_.size(), announce_due ? &announce : nullptr,
+                                 end_of_run, &next_seq_, &stats);
+  spare_.Clear();
+  // Keep the capacity a busy interval needs; give back only a backlog's worth.
+  spare_.ShrinkIfIdle(64u << 20);
+  uint64_t actual = 0;
+  auto now = Clock::now();
+  for (auto& b : batches) {
+    actual += b.buffer.size();
+    uint64_t seq = b.seq;
+    Pending p;
+    p.batch = std::move(b);
+    p.created = now;
+    pending_.emplace(seq, std::move(p));
+  }
+  unacked_bytes_.fetch_add(actual, std::memory_order_relaxed);
+  unacked_bytes_.fetch_sub(estimate, std::memory_order_relaxed);
+  pending_batches_.store(pending_.size(), std::memory_order_relaxed);
+  if (stats.sources_skipped != 0) {
+    OPGUARD_LOG(LogLevel::kDebug, std::to_string(stats.sources_skipped) +
+                                      " source file(s) unreadable or over OPGUARD_MAX_SOURCE_KB; not sent");
+  }
+}
+
+void Core::ReceiveAcks(zmq::socket_t& sock) {
+  for (int i = 0; i < 100000; ++i) {
+    zmq::message_t msg;
+    auto got = sock.recv(msg, zmq::recv_flags::dontwait);
+    if (!got) break;
+    auto env = wire::OpenEnvelope(msg.data(), msg.size(), kMaxAckBytes);
+    if (!env.ok() || (*env)->message_type() != wire::Message::Ack) {
+      OPGUARD_LOG(LogLevel::kDebug, "ignoring a message from the daemon that is not an Ack");
+      continue;
+    }
+    const wire::Ack* ack = (*env)->message_as_Ack();
+    if (ack->session() != session_ || ack->rank() != config_.rank || ack->run() == nullptr ||
+        ack->run()->string_view() != config_.run) {
+      continue;  // an ack for another session (e.g. a previous process on this socket path)
+    }
+    auto it = pending_.find(ack->seq());
+    if (it == pending_.end()) continue;  // duplicate ack after a resend
+    uint32_t records = it->second.batch.records;
+    if (ack->code() == wire::AckCode::Durable) {
+      records_acked_.fetch_add(records, std::memory_order_relaxed);
+      batches_acked_.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      records_rejected_.fetch_add(records, std::memory_order_relaxed);
+      batches_rejected_.fetch_add(1, std::memory_order_relaxed);
+      if (!warned_rejected_) {
+        warned_rejected_ = true;
+        std::string why = ack->error() != nullptr ? ack->error()->str() : "no reason given";
+        OPGUARD_LOG(LogLevel::kError, "the daemon rejected batch " + std::to_string(ack->seq()) +
+                                          " (" + why + "); dropping it (later rejections are only counted)");
+      }
+    }
+    unacked_bytes_.fetch_sub(it->second.batch.buffer.size(), std::memory_order_relaxed);
+    pending_.erase(it);
+  }
+  pending_batches_.store(pending_.size(), std::memory_order_relaxed);
+}
+
+void Core::SendPending(zmq::socket_t& sock, Clock::time_point now) {
+  auto timeout = milliseconds(config_.ack_timeout_ms);
+  for (auto& [seq, p] : pending_) {
+    bool resend = p.sent && now - p.last_send >= timeout;
+    if (p.sent && !resend) continue;
+    zmq::message_t msg(p.batch.buffer.data(), p.batch.buffer.size());
+    auto ok = sock.send(msg, zmq::send_flags::dontwait);
+    if (!ok) break;  // not connected (ZMQ_IMMEDIATE) or high-water mark: retry later
+    if (resend) {
+      batches_resent_.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      batches_sent_.fetch_add(1, std::memory_order_relaxed);
+      records_sent_.fetch_add(p.batch.records, std::memory_order_relaxed);
+    }
+    bytes_sent_.fetch_add(p.batch.buffer.size(), std::memory_order_relaxed);
+    p.sent = true;
+    p.last_send = now;
+    ++p.attempts;
+  }
+  if (!warned_unreachable_ && !pending_.empty()) {
+    const Pending& oldest = pending_.begin()->second;
+    if (now - oldest.created >= std::max(timeout, milliseconds(2000)) && oldest.attempts <= 1) {
+      warned_unreachable_ = true;
+      OPGUARD_LOG(LogLevel::kWarn, "no acknowledgement from the daemon at " + config_.endpoint +
+                                       " yet; buffering up to " +
+                                       std::to_string(config_.buffer_bytes >> 20) +
+                                       " MiB, then dropping records with gap notices");
+    }
+  }
+}
+
+void Core::SenderLoop() {
+  zmq::socket_t sock(*ctx_, zmq::socket_type::dealer);
+  sock.set(zmq::sockopt::linger, 0);
+  // Send only over a live connection: while the daemon is away, batches stay
+  // in our bounded buffer instead of piling up (and dying) in ZeroMQ's pipes.
+  sock.set(zmq::sockopt::immediate, 1);
+  sock.set(zmq::sockopt::reconnect_ivl, 100);
+  sock.set(zmq::sockopt::reconnect_ivl_max, 1000);
+  sock.set(zmq::sockopt::sndhwm, 1000);
+  sock.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(kMaxAckBytes));
+  sock.connect(config_.endpoint);
+
+  auto interval = milliseconds(config_.batch_interval_ms);
+  auto next_cut = Clock::now() + interval;
+  uint64_t flush_gen_handled = 0;
+  uint64_t flush_target_seq = 0;  // batches below this settle the handled flush
+  bool stopping = false;
+  Clock::time_point stop_deadline{};
+
+  while (true) {
+    auto now = Clock::now();
+    // How long we may sleep: the next cut, a retry of unsent batches, the
+    // earliest resend, the stop deadline.
+    auto wait = next_cut - now;
+    bool unsent = false;
+    for (const auto& [seq, p] : pending_) {
+      if (!p.sent) {
+        unsent = true;
+      } else {
+        wait = std::min<Clock::duration>(wait, p.last_send + milliseconds(config_.ack_timeout_ms) - now);
+      }
+      if (unsent) break;
+    }
+    if (unsent) wait = std::min<Clock::duration>(wait, milliseconds(5));
+    if (stopping) wait = std::min<Clock::duration>(wait, stop_deadline - now);
+    long wait_ms = std::max<long>(0, std::chrono::duration_cast<milliseconds>(wait).count());
+
+    zmq_pollitem_t items[2] = {{sock.handle(), 0, ZMQ_POLLIN, 0}, {nullptr, wake_fd_, ZMQ_POLLIN, 0}};
+    try {
+      zmq::poll(items, 2, milliseconds(wait_ms));
+    } catch (const zmq::error_t& e) {
+      if (e.num() != EINTR) throw;
+    }
+    if ((items[1].revents & ZMQ_POLLIN) != 0) {
+      uint64_t count;
+      ssize_t unused = ::read(wake_fd_, &count, sizeof(count));
+      (void)unused;
+    }
+    ReceiveAcks(sock);
+    now = Clock::now();
+
+    uint64_t flush_gen = 0;
+    bool stop_now = false;
+    {
+      std::lock_guard<std::mutex> lock(wait_mu_);
+      flush_gen = flush_requested_;
+      if (stop_requested_ && !stopping) {
+        stop_now = true;
+        stop_deadline = stop_deadline_;
+      }
+    }
+    if (stop_now) {
+      stopping = true;
+      CutAndEncode(/*end_of_run=*/true);
+      next_cut = now + interval;
+    } else if (!stopping && (flush_gen > flush_gen_handled ||
+                             staged_records_.load(std::memory_order_relaxed) >= config_.batch_records ||
+                             now >= next_cut)) {
+      CutAndEncode(/*end_of_run=*/false);
+      next_cut = now + interval;
+    }
+    if (flush_gen > flush_gen_handled) {
+      flush_gen_handled = flush_gen;
+      flush_target_seq = next_seq_;
+    }
+    SendPending(sock, now);
+
+    bool settled_to_target = pending_.empty() || pending_.begin()->first >= flush_target_seq;
+    if (flush_gen_handled != 0 && settled_to_target) {
+      std::lock_guard<std::mutex> lock(wait_mu_);
+      if (flush_completed_ < flush_gen_handled) {
+        flush_completed_ = flush_gen_handled;
+        wait_cv_.notify_all();
+      }
+    }
+    if (stopping && (pending_.empty() || Clock::now() >= stop_deadline)) break;
+  }
+  bool clean = pending_.empty();
+  if (!clean) {
+    uint64_t records = 0;
+    for (const auto& [seq, p] : pending_) records += p.batch.records;
+    OPGUARD_LOG(LogLevel::kWarn, std::to_string(records) + " record(s) in " +
+                                     std::to_string(pending_.size()) +
+                                     " batch(es) were not acknowledged by the daemon at " +
+                                     config_.endpoint + " before the flush deadline; they are lost");
+  }
+  std::lock_guard<std::mutex> lock(wait_mu_);
+  shutdown_clean_ = clean;
+}
+
+}  // namespace opguard::shim

@@ -1,0 +1,177 @@
+// The shim core: the recording side called by the C API on the host's
+// threads, and the sender thread that batches, sends, resends and counts.
+//
+// Threads:
+//  - producer calls (Record*, Intern, Site, ...) come from any host thread;
+//    they take mu_ for a short copy and never wait for anything else;
+//  - one sender thread ("opguard-send") owns the ZeroMQ socket, the encoder
+//    and the unacknowledged batches;
+//  - Flush/Shutdown wait on condition variables with a deadline.
+// The object is created once per process by the C API and never destroyed
+// while the process may still call it (see c_api.cc).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include <zmq.hpp>
+
+#include "config.h"
+#include "encoder.h"
+#include "opguard/shim.h"
+#include "staging.h"
+
+namespace opguard::shim {
+
+inline constexpr uint32_t kMaxLanes = 4096;
+
+// XXH64(text, seed 0): the wire id of a string.
+uint64_t StringId(std::string_view text);
+// XXH64 over "file:line:function".
+uint64_t SiteId(std::string_view file, uint32_t line, std::string_view function);
+uint64_t WallNs();
+// CLOCK_REALTIME_COARSE (a few ns instead of ~50 on a busy VM; ms resolution):
+// the stamp of records whose caller passed no time. Viewer-only data.
+uint64_t CoarseWallNs();
+
+class Core {
+ public:
+  // Creates the core and starts the sender thread; errors (socket, thread)
+  // come back as a Status for the caller to log. Any thread, once.
+  static Result<std::unique_ptr<Core>> Start(const Config& config);
+  // Stops the sender without waiting for acknowledgements.
+  ~Core();
+  Core(const Core&) = delete;
+  Core& operator=(const Core&) = delete;
+
+  // True while records are accepted (not failed, not shut down, not forked).
+  bool accepting() const { return accepting_.load(std::memory_order_acquire); }
+  const Config& config() const { return config_; }
+  uint64_t session() const { return session_; }
+
+  // ---- producer side: any thread, never blocks beyond mu_ -----------------
+  int RecordOp(const opguard_op& op, uint64_t* op_index_out);
+  int RecordCollective(const opguard_collective& c, uint64_t* seq_out);
+  uint64_t Intern(std::string_view text);
+  uint64_t Site(std::string_view file, uint32_t line, std::string_view function);
+  uint64_t SourceFile(std::string_view path, const void* content, size_t len);
+  uint64_t DefineCommunicator(const opguard_communicator& c);
+  int MarkStep(uint32_t lane, uint64_t step);
+  int ReportGap(uint32_t lane, uint64_t count, std::string_view reason, uint64_t* first_out);
+  int SetRunInfo(int kind, std::string_view key, std::string_view value);
+  uint64_t LanePosition(uint32_t lane);
+  void GetCounters(opguard_counters* out);
+
+  // ---- waiting calls: any host thread, bounded by timeout_ms --------------
+  int Flush(uint32_t timeout_ms);
+  // end_of_run, flush, stop the sender. Idempotent.
+  int Shutdown(uint32_t timeout_ms);
+
+  // In a forked child: stop accepting; touches no lock, socket or thread.
+  void AbandonAfterFork() { accepting_.store(false, std::memory_order_release); }
+
+ private:
+  struct LaneState {
+    uint64_t next_op = 0;
+    bool gap_open = false;
+    uint64_t gap_first = 0;
+    uint64_t gap_last = 0;
+    uint64_t gap_count = 0;
+  };
+  struct CollGap {
+    uint64_t first = 0, last = 0, count = 0;
+  };
+  struct Pending {
+    EncodedBatch batch;
+    bool sent = false;
+    uint32_t attempts = 0;
+    std::chrono::steady_clock::time_point last_send{};
+    std::chrono::steady_clock::time_point created{};
+  };
+
+  explicit Core(const Config& config);
+  Status StartSender();
+
+  // Under mu_: reserves `bytes` in staging unless the buffer is full
+  // (`defer_to_cap`), writes the header and returns a writer; nullptr when
+  // dropped.
+  uint8_t* ReserveLocked(EntryKind kind, size_t bytes, bool subject_to_cap);
+  void EmitGapLocked(uint32_t lane, LaneState& ls, std::string_view reason);
+  void EmitCollGapLocked(uint64_t comm, const CollGap& g);
+  void CloseOpenGapsLocked();
+  void NoteRecordLocked();
+  void Wake();
+  void Fail(std::string_view what);
+
+  // ---- sender thread ---------------------------------------------------------
+  void SenderMain();
+  void SenderLoop();
+  void CutAndEncode(bool end_of_run);
+  void ReceiveAcks(zmq::socket_t& sock);
+  void SendPending(zmq::socket_t& sock, std::chrono::steady_clock::time_point now);
+  AnnounceInfo SnapshotAnnounce();
+
+  const Config config_;
+  const uint64_t session_;
+  std::atomic<bool> accepting_{true};
+  std::atomic<bool> failed_{false};
+
+  // ---- producer state, guarded by mu_ ----------------------------------------
+  std::mutex mu_;
+  StagingBuffer staging_;
+  uint64_t staged_bytes_ = 0;
+  std::unique_ptr<LaneState[]> lanes_;
+  std::vector<uint32_t> lanes_with_gap_;
+  std::unordered_map<uint64_t, CollGap> coll_gaps_;
+  std::unordered_map<uint64_t, uint64_t> coll_next_seq_;
+  std::unordered_set<uint64_t> sent_strings_, sent_sites_, sent_sources_, sent_comms_;
+  uint64_t current_step_ = 0;
+  uint64_t records_enqueued_ = 0, records_dropped_ = 0, records_invalid_ = 0;
+  uint64_t gaps_reported_ = 0, ops_missing_ = 0;
+  std::atomic<uint32_t> staged_records_{0};
+
+  // ---- run metadata, guarded by meta_mu_ ----------------------------------------
+  std::mutex meta_mu_;
+  AnnounceInfo announce_;
+  bool announce_dirty_ = true;
+
+  // ---- shared with the sender --------------------------------------------------
+  std::atomic<uint64_t> unacked_bytes_{0};
+  std::atomic<uint64_t> records_sent_{0}, records_acked_{0}, records_rejected_{0};
+  std::atomic<uint64_t> batches_sent_{0}, batches_acked_{0}, batches_resent_{0},
+      batches_rejected_{0}, bytes_sent_{0}, pending_batches_{0};
+  int wake_fd_ = -1;
+
+  // Flush/stop requests and their completion, guarded by wait_mu_.
+  std::mutex wait_mu_;
+  std::condition_variable wait_cv_;
+  uint64_t flush_requested_ = 0;   // generation asked for
+  uint64_t flush_completed_ = 0;   // generation whose batches are all settled
+  bool stop_requested_ = false;
+  std::chrono::steady_clock::time_point stop_deadline_{};
+  bool sender_done_ = false;
+  bool shutdown_clean_ = false;    // everything acknowledged when the sender stopped
+  std::atomic<bool> flush_pending_{false};  // cheap check for the sender loop
+
+  // ---- sender thread only ----------------------------------------------------------
+  std::unique_ptr<zmq::context_t> ctx_;  // leaked if the sender could not be joined
+  std::thread sender_;
+  BatchEncoder encoder_;
+  StagingBuffer spare_;
+  uint64_t next_seq_ = 0;
+  std::map<uint64_t, Pending> pending_;
+  bool warned_unreachable_ = false;
+  bool warned_rejected_ = false;
+};
+
+}  // namespace opguard::shim
