@@ -1,0 +1,148 @@
+// daemon_ingest_bench: sustained ingest into a real opguardd (local mode,
+// RocksDB with synced group commits) from N sending ranks on this machine.
+// Prints records/s, bytes on disk per record and the daemon's peak RSS.
+//
+//   daemon_ingest_bench [--ranks 8] [--seconds 20] [--ops-per-batch 1024]
+//                       [--window 32] [--opguardd PATH] [--cheap-senders]
+//                       [--daemon-arg ARG]... [--json]
+//
+// By default the senders build every batch (like the shim or opguard-loadgen
+// would) on the same cores as the daemon, so the figure is end-to-end for one
+// node. --cheap-senders patches one prebuilt batch per rank instead, which
+// leaves (nearly) both cores to the daemon: its own capacity. --loadgen PATH
+// drives the daemon with opguard-loadgen (the real shim) instead.
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "opguard/daemon/client.h"
+#include "opguard/daemon/testing/batch_maker.h"
+
+using namespace opguard::daemon;
+using namespace std::chrono;
+
+int main(int argc, char** argv) {
+  int ranks = 8, seconds = 20, window = 32;
+  uint32_t ops_per_batch = 1024;
+  std::string binary = OPGUARDD_PATH;
+  bool json = false, cheap = false;
+  std::vector<std::string> daemon_args;
+  std::string loadgen;
+  uint64_t loadgen_ops = 200000;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
+    if (a == "--ranks") ranks = std::stoi(next());
+    else if (a == "--seconds") seconds = std::stoi(next());
+    else if (a == "--ops-per-batch") ops_per_batch = static_cast<uint32_t>(std::stoul(next()));
+    else if (a == "--window") window = std::stoi(next());
+    else if (a == "--opguardd") binary = next();
+    else if (a == "--json") json = true;
+    else if (a == "--cheap-senders") cheap = true;
+    else if (a == "--daemon-arg") daemon_args.push_back(next());
+    else if (a == "--loadgen") loadgen = next();
+    else if (a == "--loadgen-ops") loadgen_ops = std::stoull(next());
+    else {
+      std::fprintf(stderr, "usage: daemon_ingest_bench [--ranks N] [--seconds S] [--ops-per-batch N] "
+                           "[--window N] [--opguardd PATH] [--cheap-senders] [--daemon-arg ARG]... [--loadgen PATH [--loadgen-ops N]] [--json]\n");
+      return 2;
+    }
+  }
+  testing::TempDir dir;
+  testing::DaemonProcess daemon(binary, dir.path(), daemon_args);
+  auto st = daemon.Start();
+  if (!st.ok()) {
+    std::fprintf(stderr, "daemon_ingest_bench: %s\n", st.message().c_str());
+    return 1;
+  }
+  if (!loadgen.empty()) {
+    // The real shim path: opguard-loadgen's forked ranks through libopguard_shim.
+    std::string metrics_before;
+    auto out = testing::RunCommand(loadgen + " --run bench --ranks " + std::to_string(ranks) + " --ops " +
+                                       std::to_string(loadgen_ops) + " --collective-every 500 --endpoint " +
+                                       daemon.ingest() + " --json 2>/dev/null",
+                                   600);
+    const uint64_t peak_rss = daemon.PeakRssBytes();
+    auto metrics = testing::HttpGet(daemon.http(), "/metrics");
+    auto metric = [&](const std::string& name) -> double {
+      if (!metrics.ok()) return 0;
+      auto pos = metrics->body.find("\n" + name + " ");
+      return pos == std::string::npos ? 0 : std::strtod(metrics->body.c_str() + pos + name.size() + 2, nullptr);
+    };
+    const double batches = metric("opguard_batches_total{result=\"durable\"}");
+    const double wire_bytes = metric("opguard_ingest_bytes_total");
+    const int code = daemon.Stop();
+    uint64_t disk = 0;
+    for (const auto& e : std::filesystem::recursive_directory_iterator(daemon.data_dir())) {
+      if (e.is_regular_file()) disk += e.file_size();
+    }
+    auto brace = out.output.find('{');
+    if (out.exit_code != 0 || brace == std::string::npos) {
+      std::fprintf(stderr, "daemon_ingest_bench: opguard-loadgen failed (%d): %s\n", out.exit_code,
+                   out.output.c_str());
+      return 1;
+    }
+    auto doc = nlohmann::json::parse(out.output.substr(brace), nullptr, false);
+    if (doc.is_discarded() || !doc.contains("records_acked")) {
+      std::fprintf(stderr, "daemon_ingest_bench: cannot parse opguard-loadgen output\n");
+      return 1;
+    }
+    const double records = doc["records_acked"].get<double>(), seconds = doc["seconds"].get<double>();
+    std::printf("daemon ingest via opguard-loadgen (%d ranks x %llu ops, durable acks)\n", ranks,
+                static_cast<unsigned long long>(loadgen_ops));
+    std::printf("  records acked      %.0f in %.2f s (%.0f batches, %.0f wire bytes/record)\n", records, seconds,
+                batches, records > 0 ? wire_bytes / records : 0);
+    std::printf("  records/s          %.0f   (target >= 1000000)\n", seconds > 0 ? records / seconds : 0);
+    std::printf("  bytes on disk      %.1f per record (after flush)\n", records > 0 ? disk / records : 0);
+    std::printf("  daemon peak RSS    %.1f MiB   (target < 1024)\n", peak_rss / 1048576.0);
+    return code == 0 ? 0 : 1;
+  }
+  std::vector<std::unique_ptr<testing::RankSender>> senders;
+  for (int r = 0; r < ranks; ++r) {
+    testing::BatchOptions options;
+    options.steps_every = 1000;
+    options.collectives_every = 500;
+    options.reuse_template = cheap;
+    senders.push_back(std::make_unique<testing::RankSender>(daemon.ingest(), "bench", r, 1000 + r,
+                                                            ops_per_batch, options));
+  }
+  const auto start = steady_clock::now();
+  const auto deadline = start + std::chrono::seconds(seconds);
+  std::vector<std::thread> threads;
+  for (auto& s : senders) {
+    threads.emplace_back([&s, deadline, window] { (void)s->Run(UINT64_MAX / 2, deadline, window); });
+  }
+  for (auto& t : threads) t.join();
+  const double elapsed = duration<double>(steady_clock::now() - start).count();
+  uint64_t records = 0;
+  for (auto& s : senders) records += s->ops_acked();
+  const uint64_t peak_rss = daemon.PeakRssBytes();
+  const int code = daemon.Stop();  // flushes memtables: what stays on disk is SSTs
+  uint64_t disk = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(daemon.data_dir())) {
+    if (e.is_regular_file()) disk += e.file_size();
+  }
+  const double rate = records / elapsed;
+  const double per_record = records ? static_cast<double>(disk) / records : 0;
+  if (json) {
+    std::printf("{\"cheap_senders\": %s, \"ranks\": %d, \"seconds\": %.1f, \"records\": %llu, \"records_per_s\": %.0f, "
+                "\"bytes_per_record\": %.1f, \"peak_rss_bytes\": %llu, \"daemon_exit\": %d}\n",
+                cheap ? "true" : "false", ranks, elapsed, static_cast<unsigned long long>(records), rate, per_record,
+                static_cast<unsigned long long>(peak_rss), code);
+  } else {
+    std::printf("daemon ingest (%d ranks, %u ops/batch, durable acks, %s senders, %.1f s)\n", ranks,
+                ops_per_batch, cheap ? "template-patching" : "batch-building", elapsed);
+    std::printf("  records acked      %llu\n", static_cast<unsigned long long>(records));
+    std::printf("  records/s          %.0f   (target >= 1000000)\n", rate);
+    std::printf("  bytes on disk      %.1f per record (%.1f MiB total, after flush)\n", per_record, disk / 1048576.0);
+    std::printf("  daemon peak RSS    %.1f MiB   (target < 1024)\n", peak_rss / 1048576.0);
+    std::printf("  daemon exit code   %d\n", code);
+  }
+  return code == 0 ? 0 : 1;
+}

@@ -1,0 +1,232 @@
+// `opguard status`, `opguard runs`, `opguard rm`: thin faces over the daemon
+// query client. Every call is bounded by --timeout; an unreachable daemon is
+// one line on stderr and exit code 1.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/command.h"
+#include "opguard/daemon/client.h"
+
+namespace opguard::cli {
+namespace {
+
+struct DaemonArgs {
+  std::string endpoint = daemon::kDefaultQueryEndpoint;
+  double timeout_s = 5;
+  bool json = false;
+  std::vector<std::string> positional;
+};
+
+// Parses --daemon E, --timeout S, --json (when allowed); returns false after
+// printing a one-line error.
+bool ParseArgs(int argc, char** argv, bool allow_json, const char* usage, DaemonArgs* out) {
+  if (const char* env = std::getenv("OPGUARD_DAEMON"); env && *env) out->endpoint = env;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto value = [&](const char* name) -> const char* {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "opguard %s: %s needs a value\n", argv[0], name);
+        return nullptr;
+      }
+      return argv[++i];
+    };
+    if (a == "--help" || a == "-h") {
+      std::printf("usage: opguard %s\n", usage);
+      std::exit(0);
+    } else if (a == "--daemon") {
+      const char* v = value("--daemon");
+      if (!v) return false;
+      out->endpoint = v;
+    } else if (a.rfind("--daemon=", 0) == 0) {
+      out->endpoint = a.substr(9);
+    } else if (a == "--timeout") {
+      const char* v = value("--timeout");
+      if (!v) return false;
+      char* end = nullptr;
+      out->timeout_s = std::strtod(v, &end);
+      if (end == v || *end || out->timeout_s <= 0 || out->timeout_s > 3600) {
+        std::fprintf(stderr, "opguard %s: --timeout wants seconds (0 < S <= 3600)\n", argv[0]);
+        return false;
+      }
+    } else if (allow_json && a == "--json") {
+      out->json = true;
+    } else if (a.rfind("--", 0) == 0) {
+      std::fprintf(stderr, "opguard %s: unknown option %s (usage: opguard %s)\n", argv[0], a.c_str(), usage);
+      return false;
+    } else {
+      out->positional.push_back(a);
+    }
+  }
+  return true;
+}
+
+std::chrono::milliseconds Timeout(const DaemonArgs& a) {
+  return std::chrono::milliseconds(static_cast<int64_t>(a.timeout_s * 1000));
+}
+
+std::string FormatTime(uint64_t ns) {
+  if (ns == 0) return "-";
+  std::time_t t = static_cast<std::time_t>(ns / 1000000000ull);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+std::string FormatBytes(uint64_t b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(b);
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
+  return buf;
+}
+
+std::string Str(const flatbuffers::String* s) { return s ? s->str() : std::string(); }
+
+int Fail(const char* command, const Status& st) {
+  std::fprintf(stderr, "opguard %s: %s\n", command, st.message().c_str());
+  return 1;
+}
+
+int StatusMain(int argc, char** argv) {
+  DaemonArgs args;
+  if (!ParseArgs(argc, argv, true, "status [--daemon ENDPOINT] [--timeout S] [--json]", &args)) return 2;
+  daemon::DaemonClient client(args.endpoint, Timeout(args));
+  auto answer = client.Status();
+  if (!answer.ok()) return Fail("status", answer.status());
+  const auto* s = answer->envelope()->message_as_StatusAnswer();
+  if (s == nullptr) return Fail("status", DataLoss("unexpected answer from " + args.endpoint));
+  if (args.json) {
+    nlohmann::json peers = nlohmann::json::array();
+    if (s->peers()) {
+      for (const auto* p : *s->peers()) peers.push_back(p->str());
+    }
+    nlohmann::json j = {{"version", Str(s->version())},   {"node", Str(s->node())},
+                        {"data_dir", Str(s->data_dir())}, {"uptime_s", s->uptime_s()},
+                        {"runs", s->runs()},              {"records_ingested", s->records_ingested()},
+                        {"batches_rejected", s->batches_rejected()}, {"disk_bytes", s->disk_bytes()},
+                        {"http", Str(s->http())},         {"ingest", Str(s->ingest())},
+                        {"listen", Str(s->listen())},     {"peers", peers},
+                        {"endpoint", args.endpoint}};
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  const uint64_t up = s->uptime_s();
+  std::printf("opguardd %s on %s, up %lluh%02llum%02llus\n", Str(s->version()).c_str(), Str(s->node()).c_str(),
+              static_cast<unsigned long long>(up / 3600), static_cast<unsigned long long>(up / 60 % 60),
+              static_cast<unsigned long long>(up % 60));
+  std::printf("  data      %s (%s)\n", Str(s->data_dir()).c_str(), FormatBytes(s->disk_bytes()).c_str());
+  std::printf("  runs      %llu\n", static_cast<unsigned long long>(s->runs()));
+  std::printf("  records   %llu ingested since start, %llu batches rejected\n",
+              static_cast<unsigned long long>(s->records_ingested()),
+              static_cast<unsigned long long>(s->batches_rejected()));
+  std::printf("  ingest    %s\n", Str(s->ingest()).c_str());
+  std::printf("  queries   %s\n", Str(s->listen()).c_str());
+  std::printf("  http      %s\n", s->http() && s->http()->size() ? s->http()->c_str() : "off");
+  if (s->peers() && s->peers()->size()) {
+    std::string peers;
+    for (const auto* p : *s->peers()) peers += (peers.empty() ? "" : ", ") + p->str();
+    std::printf("  peers     %s\n", peers.c_str());
+  }
+  return 0;
+}
+
+int RunsMain(int argc, char** argv) {
+  DaemonArgs args;
+  if (!ParseArgs(argc, argv, true, "runs [--daemon ENDPOINT] [--timeout S] [--json]", &args)) return 2;
+  daemon::DaemonClient client(args.endpoint, Timeout(args));
+  auto answer = client.ListRuns();
+  if (!answer.ok()) return Fail("runs", answer.status());
+  const auto* list = answer->envelope()->message_as_ListRunsAnswer();
+  if (list == nullptr) return Fail("runs", DataLoss("unexpected answer from " + args.endpoint));
+  if (args.json) {
+    nlohmann::json runs = nlohmann::json::array();
+    if (list->runs()) {
+      for (const auto* run : *list->runs()) {
+        nlohmann::json ranks = nlohmann::json::array();
+        if (run->ranks()) {
+          for (const auto* r : *run->ranks()) {
+            ranks.push_back({{"rank", r->rank()}, {"ops", r->ops()}, {"collectives", r->collectives()},
+                             {"steps", r->steps()}, {"gaps", r->gaps()}, {"node", Str(r->node())},
+                             {"ended", r->ended()}});
+          }
+        }
+        nlohmann::json det = nlohmann::json::object();
+        if (run->determinism()) {
+          for (const auto* kv : *run->determinism()) det[Str(kv->key())] = Str(kv->value());
+        }
+        runs.push_back({{"name", Str(run->name())}, {"job_id", Str(run->job_id())},
+                        {"world_size", run->world_size()}, {"framework", Str(run->framework())},
+                        {"start_ns", run->start_ns()}, {"end_ns", run->end_ns()},
+                        {"determinism", det}, {"ranks", ranks}});
+      }
+    }
+    std::printf("%s\n", nlohmann::json{{"runs", runs}}.dump(2).c_str());
+    return 0;
+  }
+  if (!list->runs() || list->runs()->size() == 0) {
+    std::printf("no runs stored on %s\n", args.endpoint.c_str());
+    return 0;
+  }
+  std::printf("%-28s %6s %12s %7s %8s %-20s %-20s %s\n", "RUN", "RANKS", "OPS", "STEPS", "GAPS", "STARTED",
+              "LAST RECORD", "FRAMEWORK");
+  for (const auto* run : *list->runs()) {
+    uint64_t ops = 0, steps = 0, gaps = 0;
+    size_t ranks = 0, ended = 0;
+    if (run->ranks()) {
+      for (const auto* r : *run->ranks()) {
+        ops += r->ops();
+        steps = std::max<uint64_t>(steps, r->steps());
+        gaps += r->gaps();
+        ended += r->ended() ? 1 : 0;
+        ++ranks;
+      }
+    }
+    std::string rank_text = std::to_string(ranks);
+    if (run->world_size() && run->world_size() != ranks) rank_text += "/" + std::to_string(run->world_size());
+    std::printf("%-28s %6s %12llu %7llu %8llu %-20s %-20s %s%s\n", Str(run->name()).c_str(), rank_text.c_str(),
+                static_cast<unsigned long long>(ops), static_cast<unsigned long long>(steps),
+                static_cast<unsigned long long>(gaps), FormatTime(run->start_ns()).c_str(),
+                FormatTime(run->end_ns()).c_str(), Str(run->framework()).c_str(),
+                ranks && ended == ranks ? " (ended)" : "");
+  }
+  return 0;
+}
+
+int RmMain(int argc, char** argv) {
+  DaemonArgs args;
+  args.timeout_s = 60;  // deleting waits for a durable write
+  if (!ParseArgs(argc, argv, false, "rm RUN [--daemon ENDPOINT] [--timeout S]", &args)) return 2;
+  if (args.positional.size() != 1) {
+    std::fprintf(stderr, "opguard rm: give exactly one run name (usage: opguard rm RUN [--daemon ENDPOINT])\n");
+    return 2;
+  }
+  daemon::DaemonClient client(args.endpoint, Timeout(args));
+  Status st = client.DeleteRun(args.positional[0]);
+  if (!st.ok()) return Fail("rm", st);
+  std::printf("removed run '%s'\n", args.positional[0].c_str());
+  return 0;
+}
+
+}  // namespace
+
+OPGUARD_CLI_COMMAND(status, "status", "status [--daemon ENDPOINT] [--timeout S] [--json]",
+                    "show the node daemon's state (endpoints, runs, disk use)", &StatusMain);
+OPGUARD_CLI_COMMAND(runs, "runs", "runs [--daemon ENDPOINT] [--timeout S] [--json]",
+                    "list the runs a daemon stores (ranks, ops, steps, gaps, times)", &RunsMain);
+OPGUARD_CLI_COMMAND(rm, "rm", "rm RUN [--daemon ENDPOINT] [--timeout S]",
+                    "delete a run's records and metadata from a daemon", &RmMain);
+
+}  // namespace opguard::cli

@@ -1,0 +1,234 @@
+#include "opguard/daemon/daemon.h"
+
+#include <utility>  // before Boost.Asio: GCC 12 + C++20 needs it first
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include <pthread.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <csignal>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#ifdef OPGUARD_HAVE_SYSTEMD
+#include <systemd/sd-daemon.h>
+#endif
+
+#include "http_server.h"
+#include "ingest.h"
+#include "metrics.h"
+#include "opguard/common/log.h"
+#include "query.h"
+#include "store.h"
+
+namespace opguard::daemon {
+namespace asio = boost::asio;
+
+namespace {
+
+void Notify(const std::string& state) {
+#ifdef OPGUARD_HAVE_SYSTEMD
+  sd_notify(0, state.c_str());  // no-op without NOTIFY_SOCKET
+#else
+  (void)state;
+#endif
+}
+
+// Half the watchdog interval systemd asked for, or zero when it asked for none.
+std::chrono::microseconds WatchdogPeriod() {
+#ifdef OPGUARD_HAVE_SYSTEMD
+  uint64_t usec = 0;
+  if (sd_watchdog_enabled(0, &usec) > 0 && usec > 0) return std::chrono::microseconds(usec / 2);
+#endif
+  return std::chrono::microseconds(0);
+}
+
+}  // namespace
+
+struct Daemon::Impl {
+  explicit Impl(Config c) : config(std::move(c)) {}
+
+  Config config;
+  Metrics metrics;
+  zmq::context_t context{1};
+  std::unique_ptr<Store> store;
+  std::unique_ptr<Ingest> ingest;
+  std::unique_ptr<QueryService> service;
+  std::unique_ptr<QueryServer> query_server;
+  asio::io_context io{1};
+  std::unique_ptr<HttpServer> http;
+  int exit_code = 0;
+
+  // Maintenance thread: retention and compaction of deleted runs.
+  std::thread maintenance;
+  std::mutex maint_mu;
+  std::condition_variable maint_cv;
+  std::deque<uint64_t> to_compact;
+  bool maint_stop = false;
+
+  void MaintenanceLoop();
+  void EnforceRetention();
+  void Shutdown(int code);
+};
+
+void Daemon::Impl::MaintenanceLoop() {
+  pthread_setname_np(pthread_self(), "og-maint");
+  auto next_check = std::chrono::steady_clock::now() + config.retention_interval;
+  std::unique_lock<std::mutex> lock(maint_mu);
+  while (!maint_stop) {
+    maint_cv.wait_until(lock, next_check, [&] { return maint_stop || !to_compact.empty(); });
+    if (maint_stop) break;
+    if (!to_compact.empty()) {
+      uint64_t id = to_compact.front();
+      to_compact.pop_front();
+      lock.unlock();
+      store->CompactRun(id);
+      lock.lock();
+      continue;
+    }
+    if (std::chrono::steady_clock::now() >= next_check) {
+      lock.unlock();
+      EnforceRetention();
+      lock.lock();
+      next_check = std::chrono::steady_clock::now() + config.retention_interval;
+    }
+  }
+}
+
+void Daemon::Impl::EnforceRetention() {
+  if (config.retention_max_bytes == 0 && config.retention_max_age.count() == 0) return;
+  auto runs = ingest->Runs();
+  if (runs.size() < 2) return;  // the most recently active run is never removed
+  std::sort(runs.begin(), runs.end(),
+            [](const RunState& a, const RunState& b) { return a.LastNs() < b.LastNs(); });
+  runs.pop_back();
+  const uint64_t now = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                 std::chrono::system_clock::now().time_since_epoch())
+                                                 .count());
+  const uint64_t max_age_ns = static_cast<uint64_t>(config.retention_max_age.count()) * 1000000000ull;
+  for (const auto& run : runs) {
+    const bool too_old = max_age_ns != 0 && now > run.LastNs() && now - run.LastNs() > max_age_ns;
+    const bool too_big = config.retention_max_bytes != 0 && store->DiskBytes() > config.retention_max_bytes;
+    // Sorted oldest first: once a run is young enough and the store small
+    // enough, every later run is too.
+    if (!too_old && !too_big) break;
+    OPGUARD_LOG(LogLevel::kInfo, "retention: removing run '" + run.name + "' (" +
+                                     (too_old ? "older than retention.max_age" : "store above retention.max_bytes") + ")");
+    Status st = ingest->DeleteRun(run.name, std::chrono::seconds(60));
+    if (!st.ok()) {
+      OPGUARD_LOG(LogLevel::kWarn, "retention: " + st.message());
+      continue;
+    }
+    store->CompactRun(run.id);  // give the space back before measuring again
+  }
+}
+
+void Daemon::Impl::Shutdown(int code) {
+  if (code != 0) exit_code = code;
+  io.stop();
+}
+
+Daemon::Daemon(Config config) : impl_(std::make_unique<Impl>(std::move(config))) {}
+Daemon::~Daemon() = default;
+
+int Daemon::Run() {
+  Impl& d = *impl_;
+  const Config& c = d.config;
+  auto store = Store::Open(c);
+  if (!store.ok()) {
+    OPGUARD_LOG(LogLevel::kError, store.status().message());
+    return 1;
+  }
+  d.store = std::move(store).value();
+  d.ingest = std::make_unique<Ingest>(c, d.store.get(), &d.metrics, &d.context);
+  d.ingest->SetOnRunDeleted([&d](uint64_t id) {
+    std::lock_guard<std::mutex> lock(d.maint_mu);
+    d.to_compact.push_back(id);
+    d.maint_cv.notify_one();
+  });
+  d.service = std::make_unique<QueryService>(c, d.store.get(), d.ingest.get(), &d.metrics);
+  d.query_server = std::make_unique<QueryServer>(c, d.service.get(), &d.metrics, &d.context);
+
+  // Signals first, so a SIGTERM during startup still stops cleanly.
+  asio::signal_set signals(d.io, SIGTERM, SIGINT);
+  signals.async_wait([&d](const boost::system::error_code& ec, int signo) {
+    if (ec) return;
+    OPGUARD_LOG(LogLevel::kInfo, std::string("received ") + (signo == SIGTERM ? "SIGTERM" : "SIGINT") +
+                                     ", shutting down");
+    d.Shutdown(0);
+  });
+  std::signal(SIGPIPE, SIG_IGN);
+
+  auto fail = [&](const Status& st) {
+    OPGUARD_LOG(LogLevel::kError, st.message());
+    d.query_server->Stop();
+    d.ingest->Stop();
+    (void)d.store->Close();
+    return 1;
+  };
+  Status st = d.ingest->Start();
+  if (!st.ok()) return fail(st);
+  st = d.query_server->Start();
+  if (!st.ok()) return fail(st);
+  if (!c.http.empty()) {
+    d.http = std::make_unique<HttpServer>(&d.io, d.service.get(), &d.metrics, d.store.get());
+    st = d.http->Start(c.http);
+    if (!st.ok()) return fail(st);
+    d.service->SetHttpAddress(d.http->address());
+  }
+  d.maintenance = std::thread([&d] { d.MaintenanceLoop(); });
+
+  OPGUARD_LOG(LogLevel::kInfo, std::string("opguardd ") + OPGUARD_VERSION + " ready: data " + c.data_dir +
+                                   ", ingest " + c.ingest + ", queries " + c.listen + ", http " +
+                                   (d.http ? d.http->address() : std::string("off")) + ", " +
+                                   std::to_string(d.ingest->RunCount()) + " runs stored");
+  Notify("READY=1\nSTATUS=serving " + std::to_string(d.ingest->RunCount()) + " runs");
+
+  // Health: a failed store makes the daemon exit (systemd restarts it); the
+  // watchdog is fed only while the ingest threads make progress.
+  const auto watchdog = WatchdogPeriod();
+  asio::steady_timer health(d.io);
+  std::function<void()> check = [&] {
+    if (d.ingest->Failed()) {
+      OPGUARD_LOG(LogLevel::kError, "store failed; exiting so the service manager restarts the daemon");
+      d.Shutdown(1);
+      return;
+    }
+    if (watchdog.count() > 0 && d.ingest->Healthy(std::chrono::seconds(30))) Notify("WATCHDOG=1");
+    auto period = watchdog.count() > 0 ? std::min<std::chrono::microseconds>(watchdog, std::chrono::seconds(1))
+                                       : std::chrono::microseconds(std::chrono::seconds(1));
+    health.expires_after(period);
+    health.async_wait([&](const boost::system::error_code& ec) {
+      if (!ec) check();
+    });
+  };
+  check();
+
+  d.io.run();
+
+  Notify("STOPPING=1\nSTATUS=finishing in-flight batches");
+  if (d.http) d.http->Stop();
+  {
+    std::lock_guard<std::mutex> lock(d.maint_mu);
+    d.maint_stop = true;
+  }
+  d.maint_cv.notify_all();
+  if (d.maintenance.joinable()) d.maintenance.join();
+  d.query_server->Stop();
+  d.ingest->Stop();  // commits and acks what was received
+  st = d.store->Close();
+  if (!st.ok()) {
+    OPGUARD_LOG(LogLevel::kError, st.message());
+    if (d.exit_code == 0) d.exit_code = 1;
+  }
+  OPGUARD_LOG(LogLevel::kInfo, "stopped");
+  return d.exit_code;
+}
+
+}  // namespace opguard::daemon

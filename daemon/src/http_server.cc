@@ -1,0 +1,240 @@
+#include "http_server.h"
+
+#include <utility>
+
+#include <boost/asio/strand.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+
+#include <chrono>
+#include <cstdlib>
+
+#include "metrics.h"
+#include "opguard/common/log.h"
+#include "query.h"
+#include "store.h"
+
+namespace opguard::daemon {
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+
+namespace {
+
+std::string UrlDecode(std::string_view in) {
+  std::string out;
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (in[i] == '%' && i + 2 < in.size()) {
+      out.push_back(static_cast<char>(std::strtol(std::string(in.substr(i + 1, 2)).c_str(), nullptr, 16)));
+      i += 2;
+    } else if (in[i] == '+') {
+      out.push_back(' ');
+    } else {
+      out.push_back(in[i]);
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> SplitPath(std::string_view path) {
+  std::vector<std::string> parts;
+  size_t i = 0;
+  while (i < path.size()) {
+    size_t j = path.find('/', i);
+    if (j == std::string_view::npos) j = path.size();
+    if (j > i) parts.push_back(UrlDecode(path.substr(i, j - i)));
+    i = j + 1;
+  }
+  return parts;
+}
+
+bool ParseU64(const std::string& s, uint64_t* out) {
+  if (s.empty() || s.size() > 20) return false;
+  for (char c : s) {
+    if (c < '0' || c > '9') return false;
+  }
+  errno = 0;
+  *out = std::strtoull(s.c_str(), nullptr, 10);
+  return errno == 0;
+}
+
+HttpResponse Json(int status, const nlohmann::json& j) {
+  return {status, "application/json", j.dump() + "\n"};
+}
+
+HttpResponse Error(int status, const std::string& message) {
+  return Json(status, {{"error", message}});
+}
+
+int HttpStatus(const Status& st) {
+  switch (st.code()) {
+    case StatusCode::kNotFound: return 404;
+    case StatusCode::kInvalidArgument: return 400;
+    case StatusCode::kUnavailable: return 503;
+    default: return 500;
+  }
+}
+
+// One connection: read a request, answer, repeat while keep-alive.
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(tcp::socket socket, QueryService* service, Metrics* metrics, Store* store)
+      : stream_(std::move(socket)), service_(service), metrics_(metrics), store_(store) {}
+
+  void Start() { Read(); }
+
+ private:
+  void Read() {
+    parser_.emplace();
+    parser_->body_limit(64 * 1024);
+    stream_.expires_after(std::chrono::seconds(30));
+    http::async_read(stream_, buffer_, *parser_,
+                     [self = shared_from_this()](beast::error_code ec, size_t) { self->OnRead(ec); });
+  }
+
+  void OnRead(beast::error_code ec) {
+    if (ec) return Close();
+    auto& req = parser_->get();
+    metrics_->http_requests.fetch_add(1, std::memory_order_relaxed);
+    HttpResponse r;
+    try {
+      r = RouteHttp(std::string(req.method_string()), std::string(req.target()), service_, metrics_, store_);
+    } catch (const std::exception& e) {
+      r = Error(500, std::string("internal error: ") + e.what());
+    }
+    auto res = std::make_shared<http::response<http::string_body>>(static_cast<http::status>(r.status),
+                                                                    req.version());
+    res->set(http::field::server, "opguardd");
+    res->set(http::field::content_type, r.content_type);
+    res->set(http::field::cache_control, "no-store");
+    res->keep_alive(req.keep_alive());
+    res->body() = std::move(r.body);
+    res->prepare_payload();
+    response_ = res;
+    http::async_write(stream_, *res, [self = shared_from_this(), res](beast::error_code wec, size_t) {
+      if (wec || !res->keep_alive()) return self->Close();
+      self->Read();
+    });
+  }
+
+  void Close() {
+    beast::error_code ec;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+  }
+
+  beast::tcp_stream stream_;
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  std::shared_ptr<void> response_;
+  QueryService* service_;
+  Metrics* metrics_;
+  Store* store_;
+};
+
+}  // namespace
+
+HttpResponse RouteHttp(const std::string& method, const std::string& target, QueryService* service,
+                       Metrics* metrics, Store* store) {
+  std::string_view path = target, query;
+  if (auto q = path.find('?'); q != std::string_view::npos) {
+    query = path.substr(q + 1);
+    path = path.substr(0, q);
+  }
+  std::map<std::string, std::string> params;
+  {
+    size_t i = 0;
+    while (i < query.size()) {
+      size_t j = query.find('&', i);
+      if (j == std::string_view::npos) j = query.size();
+      auto item = query.substr(i, j - i);
+      auto eq = item.find('=');
+      if (eq != std::string_view::npos) params[UrlDecode(item.substr(0, eq))] = UrlDecode(item.substr(eq + 1));
+      i = j + 1;
+    }
+  }
+  if (method != "GET" && method != "HEAD") return Error(405, "only GET is served");
+  auto parts = SplitPath(path);
+  if (path == "/metrics") {
+    auto runs = service->ListRuns().size();
+    double uptime = service->StatusJson()["uptime_s"].get<double>();
+    return {200, "text/plain; version=0.0.4; charset=utf-8", metrics->Prometheus(*store, runs, uptime)};
+  }
+  if (path == "/healthz") {
+    bool healthy = service->StatusJson()["healthy"].get<bool>();
+    return {healthy ? 200 : 503, "text/plain", healthy ? "ok\n" : "store failed\n"};
+  }
+  if (parts.size() >= 2 && parts[0] == "api") {
+    if (parts.size() == 2 && parts[1] == "status") return Json(200, service->StatusJson());
+    if (parts.size() == 2 && parts[1] == "runs") return Json(200, service->RunsJson());
+    if (parts.size() == 3 && parts[1] == "runs") {
+      auto run = service->GetRun(parts[2]);
+      if (!run.ok()) return Error(HttpStatus(run.status()), run.status().message());
+      return Json(200, service->RunJson(*run));
+    }
+    if (parts.size() == 6 && parts[1] == "runs" && parts[3] == "ranks" && parts[5] == "trace") {
+      uint64_t rank = 0, lane = 0, from = 0, max = 1000;
+      if (!ParseU64(parts[4], &rank) || rank > UINT32_MAX) return Error(400, "rank must be a number");
+      if (params.count("lane") && (!ParseU64(params["lane"], &lane) || lane > UINT32_MAX)) {
+        return Error(400, "lane must be a number");
+      }
+      if (params.count("from") && !ParseU64(params["from"], &from)) return Error(400, "from must be a number");
+      if (params.count("max") && (!ParseU64(params["max"], &max) || max == 0 || max > UINT32_MAX)) {
+        return Error(400, "max must be a positive number");
+      }
+      auto page = service->ReadTrace(parts[2], static_cast<uint32_t>(rank), static_cast<uint32_t>(lane), from,
+                                     static_cast<uint32_t>(max));
+      if (!page.ok()) return Error(HttpStatus(page.status()), page.status().message());
+      return Json(200, service->TraceJson(parts[2], static_cast<uint32_t>(rank), static_cast<uint32_t>(lane), *page));
+    }
+  }
+  return Error(404, "no such endpoint: " + std::string(path));
+}
+
+HttpServer::HttpServer(asio::io_context* io, QueryService* service, Metrics* metrics, Store* store)
+    : io_(io), service_(service), metrics_(metrics), store_(store) {}
+
+HttpServer::~HttpServer() { Stop(); }
+
+Status HttpServer::Start(const std::string& address) {
+  auto colon = address.rfind(':');
+  if (colon == std::string::npos) return InvalidArgument("http: '" + address + "' is not HOST:PORT");
+  std::string host = address.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  const std::string port = address.substr(colon + 1);
+  beast::error_code ec;
+  auto ip = asio::ip::make_address(host.empty() ? "0.0.0.0" : host, ec);
+  if (ec) return InvalidArgument("http: '" + host + "' is not an IP address");
+  uint64_t port_number = 0;
+  if (!ParseU64(port, &port_number) || port_number > 65535) return InvalidArgument("http: bad port '" + port + "'");
+  tcp::endpoint endpoint(ip, static_cast<unsigned short>(port_number));
+  acceptor_ = std::make_unique<tcp::acceptor>(*io_);
+  acceptor_->open(endpoint.protocol(), ec);
+  if (!ec) acceptor_->set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec) acceptor_->bind(endpoint, ec);
+  if (!ec) acceptor_->listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) return Unavailable("cannot listen for HTTP on " + address + ": " + ec.message());
+  auto bound = acceptor_->local_endpoint();
+  address_ = (bound.address().is_v6() ? "[" + bound.address().to_string() + "]" : bound.address().to_string()) +
+             ":" + std::to_string(bound.port());
+  Accept();
+  return Status::Ok();
+}
+
+void HttpServer::Stop() {
+  if (acceptor_) {
+    beast::error_code ec;
+    acceptor_->close(ec);
+    acceptor_.reset();
+  }
+}
+
+void HttpServer::Accept() {
+  acceptor_->async_accept(asio::make_strand(*io_), [this](beast::error_code ec, tcp::socket socket) {
+    if (ec == asio::error::operation_aborted || !acceptor_) return;
+    if (!ec) std::make_shared<Session>(std::move(socket), service_, metrics_, store_)->Start();
+    Accept();
+  });
+}
+
+}  // namespace opguard::daemon

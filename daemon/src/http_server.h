@@ -1,0 +1,60 @@
+// HTTP face of the daemon (Boost.Beast): the JSON API and Prometheus
+// /metrics. Runs on the daemon's control io_context (one thread); handlers
+// are short reads of the registry and bounded store scans.
+//
+//   GET /api/status
+//   GET /api/runs
+//   GET /api/runs/NAME
+//   GET /api/runs/NAME/ranks/R/trace?lane=L&from=OP&max=N
+//   GET /metrics
+//   GET /healthz
+#pragma once
+
+#include <utility>  // before Boost.Asio: GCC 12 + C++20 needs it first
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "opguard/common/status.h"
+
+namespace opguard::daemon {
+
+class QueryService;
+class Store;
+struct Metrics;
+
+struct HttpResponse {
+  int status = 200;
+  std::string content_type = "application/json";
+  std::string body;
+};
+
+// Routes one request; pure function of the daemon state (unit-testable).
+HttpResponse RouteHttp(const std::string& method, const std::string& target, QueryService* service,
+                       Metrics* metrics, Store* store);
+
+class HttpServer {
+ public:
+  HttpServer(boost::asio::io_context* io, QueryService* service, Metrics* metrics, Store* store);
+  ~HttpServer();
+  // Binds "HOST:PORT" (port 0: any free port). Control thread.
+  Status Start(const std::string& address);
+  // The bound "HOST:PORT".
+  std::string address() const { return address_; }
+  void Stop();
+
+ private:
+  void Accept();
+  boost::asio::io_context* io_;
+  QueryService* service_;
+  Metrics* metrics_;
+  Store* store_;
+  std::unique_ptr<boost::asio::ip::tcp::acceptor> acceptor_;
+  std::string address_;
+};
+
+}  // namespace opguard::daemon

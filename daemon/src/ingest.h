@@ -1,0 +1,140 @@
+// The ingest pipeline: shims' batches in, durable acks out.
+//
+//   receiver thread ("og-ingest"): owns the ROUTER socket. Verifies each
+//     message, rejects bad ones at once (Rejected ack, counted by reason),
+//     drops resends already applied, and appends good batches to the open
+//     commit group (one RocksDB WriteBatch). Sends the acks of committed groups.
+//   committer thread ("og-commit"): writes one sealed group at a time with
+//     sync=true (one fsync covers every batch of the group), then hands it
+//     back through an eventfd.
+//
+// Bounded: at most one group is being written and one is filling; when the
+// filling group reaches ingest.max_group_bytes the receiver stops reading the
+// socket, ZeroMQ's queues fill to their HWM and the shims' own bounded
+// buffers take over (they never block training).
+//
+// Counters and dedup state (per run, rank and shim session: which batch seqs
+// were applied) are persisted in the same WriteBatch as the records, so after
+// kill -9 the store and its counters agree and a resend is applied exactly once.
+#pragma once
+
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <shared_mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "metrics.h"
+#include "opguard/daemon/config.h"
+#include "registry.h"
+#include "store.h"
+
+namespace opguard::daemon {
+
+class Ingest {
+ public:
+  Ingest(const Config& config, Store* store, Metrics* metrics, zmq::context_t* context);
+  ~Ingest();
+
+  // Loads the registry, binds the ingest endpoint and starts both threads.
+  // Main thread, once.
+  Status Start();
+  // Stops reading, commits and acknowledges what was received, joins the
+  // threads, closes the socket. Main thread; idempotent.
+  void Stop();
+
+  // Any thread. Removes a run (records and metadata) through the pipeline,
+  // so it is ordered with ingest; returns once the deletion is durable.
+  Status DeleteRun(const std::string& name, std::chrono::milliseconds timeout);
+
+  // Any thread: the durable registry (what queries report).
+  std::vector<RunState> Runs() const;
+  std::optional<RunState> FindRun(const std::string& name) const;
+  size_t RunCount() const;
+
+  // Any thread. True while both threads make progress (the receiver wakes at
+  // least every 100 ms; a commit taking longer than `stall` is unhealthy).
+  bool Healthy(std::chrono::seconds stall) const;
+  // Any thread. A store write failed: the daemon must exit (and be restarted);
+  // nothing after the failure was acknowledged.
+  bool Failed() const { return failed_.load(); }
+
+  // Called on the receiver thread after a run's deletion is durable.
+  void SetOnRunDeleted(std::function<void(uint64_t run_id)> fn) { on_run_deleted_ = std::move(fn); }
+
+ private:
+  struct PendingAck;
+  struct Group;
+  struct DeleteRequest {
+    std::string name;
+    uint64_t run_id = 0;
+    std::shared_ptr<std::promise<Status>> done;
+  };
+
+  void ReceiverLoop();
+  void CommitterLoop();
+  void HandleMessage(std::vector<zmq::message_t>& frames);
+  void Reject(PendingAck& ack, RejectReason reason, const std::string& error);
+  void SendAck(PendingAck& ack, bool durable, const std::string& error);
+  void ApplyBatch(const void* batch_ptr, size_t bytes, PendingAck& ack);
+  void HandleDeleteRequests();
+  void SealAndHandOff();
+  void DrainCommitted();
+  void Wake();
+
+  const Config config_;
+  Store* store_;
+  Metrics* metrics_;
+  zmq::context_t* context_;
+  std::unique_ptr<zmq::socket_t> socket_;  // receiver thread only (after Start)
+  int wake_fd_ = -1;                       // eventfd: committed groups, requests, stop
+
+  // Receiver thread only: the working registry (ahead of disk by the open
+  // and in-flight groups) and what the open group changed.
+  std::map<std::string, RunState> working_;
+  std::map<uint64_t, std::string> id_to_name_;
+  uint64_t next_run_id_ = 1;
+  std::map<uint64_t, std::set<uint32_t>> dirty_ranks_;
+  std::set<uint64_t> dirty_meta_;
+  std::unique_ptr<Group> open_;
+  bool committer_busy_ = false;
+  std::vector<uint8_t> scratch_;
+
+  // Receiver <-> committer handoff.
+  std::mutex handoff_mu_;
+  std::condition_variable handoff_cv_;
+  std::unique_ptr<Group> to_commit_;
+  std::deque<std::unique_ptr<Group>> committed_;
+  bool committer_stop_ = false;
+
+  // Requests from other threads.
+  std::mutex requests_mu_;
+  std::vector<DeleteRequest> delete_requests_;
+
+  // The durable registry.
+  mutable std::shared_mutex published_mu_;
+  std::map<std::string, RunState> published_;
+
+  std::function<void(uint64_t)> on_run_deleted_;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> failed_{false};
+  std::atomic<int64_t> receiver_beat_ns_{0};
+  std::atomic<int64_t> commit_started_ns_{0};  // 0 when idle
+  std::thread receiver_, committer_;
+  std::atomic<bool> started_{false};
+};
+
+}  // namespace opguard::daemon

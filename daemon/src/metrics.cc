@@ -1,0 +1,129 @@
+#include "metrics.h"
+
+#include <cstdio>
+
+#include "store.h"
+
+namespace opguard::daemon {
+
+const char* RejectReasonName(RejectReason reason) {
+  switch (reason) {
+    case RejectReason::kOversized: return "oversized";
+    case RejectReason::kNotOpGuard: return "not_opguard";
+    case RejectReason::kMalformed: return "malformed";
+    case RejectReason::kSchemaMajor: return "schema_major";
+    case RejectReason::kWrongMessage: return "wrong_message";
+    case RejectReason::kInvalidBatch: return "invalid_batch";
+    case RejectReason::kCount: break;
+  }
+  return "unknown";
+}
+
+void Metrics::ObserveAck(uint64_t micros) {
+  size_t i = 0;
+  const double s = static_cast<double>(micros) / 1e6;
+  while (i < kAckBuckets.size() && s > kAckBuckets[i]) ++i;
+  ack_buckets[i].fetch_add(1, std::memory_order_relaxed);
+  ack_count.fetch_add(1, std::memory_order_relaxed);
+  ack_sum_micros.fetch_add(micros, std::memory_order_relaxed);
+}
+
+uint64_t Metrics::RejectedTotal() const {
+  uint64_t total = 0;
+  for (const auto& r : rejected) total += r.load(std::memory_order_relaxed);
+  return total;
+}
+
+namespace {
+void Line(std::string* out, const char* name, const char* labels, double value) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "%s%s %.17g\n", name, labels, value);
+  out->append(buf);
+}
+void Head(std::string* out, const char* name, const char* type, const char* help) {
+  out->append("# HELP ").append(name).append(" ").append(help).append("\n");
+  out->append("# TYPE ").append(name).append(" ").append(type).append("\n");
+}
+double L(const std::atomic<uint64_t>& a) { return static_cast<double>(a.load(std::memory_order_relaxed)); }
+}  // namespace
+
+std::string Metrics::Prometheus(const Store& store, uint64_t runs, double uptime_s) const {
+  std::string o;
+  o.reserve(8192);
+  Head(&o, "opguard_records_ingested_total", "counter", "Records stored, by kind.");
+  Line(&o, "opguard_records_ingested_total", "{kind=\"op\"}", L(ops));
+  Line(&o, "opguard_records_ingested_total", "{kind=\"collective\"}", L(collectives));
+  Line(&o, "opguard_records_ingested_total", "{kind=\"string\"}", L(strings));
+  Line(&o, "opguard_records_ingested_total", "{kind=\"site\"}", L(sites));
+  Line(&o, "opguard_records_ingested_total", "{kind=\"source\"}", L(sources));
+  Line(&o, "opguard_records_ingested_total", "{kind=\"step\"}", L(steps));
+  Head(&o, "opguard_ingest_bytes_total", "counter", "Bytes of accepted batches.");
+  Line(&o, "opguard_ingest_bytes_total", "", L(bytes_received));
+  Head(&o, "opguard_batches_total", "counter", "Batches acknowledged durable (duplicates: resends already stored).");
+  Line(&o, "opguard_batches_total", "{result=\"durable\"}", L(batches_durable));
+  Line(&o, "opguard_batches_total", "{result=\"duplicate\"}", L(batches_duplicate));
+  Head(&o, "opguard_batches_rejected_total", "counter", "Messages rejected on ingest, by reason.");
+  for (int i = 0; i < kRejectReasonCount; ++i) {
+    std::string labels = std::string("{reason=\"") + RejectReasonName(static_cast<RejectReason>(i)) + "\"}";
+    Line(&o, "opguard_batches_rejected_total", labels.c_str(), L(rejected[i]));
+  }
+  Head(&o, "opguard_gap_notices_total", "counter", "Gap notices received from shims.");
+  Line(&o, "opguard_gap_notices_total", "", L(gap_notices));
+  Head(&o, "opguard_gap_records_total", "counter", "Records the shims reported dropped.");
+  Line(&o, "opguard_gap_records_total", "", L(gap_records));
+
+  Head(&o, "opguard_ack_latency_seconds", "histogram", "Batch received to durable ack sent.");
+  uint64_t cumulative = 0;
+  for (size_t i = 0; i < kAckBuckets.size(); ++i) {
+    cumulative += ack_buckets[i].load(std::memory_order_relaxed);
+    char labels[64];
+    std::snprintf(labels, sizeof labels, "{le=\"%g\"}", kAckBuckets[i]);
+    Line(&o, "opguard_ack_latency_seconds_bucket", labels, static_cast<double>(cumulative));
+  }
+  cumulative += ack_buckets[kAckBuckets.size()].load(std::memory_order_relaxed);
+  Line(&o, "opguard_ack_latency_seconds_bucket", "{le=\"+Inf\"}", static_cast<double>(cumulative));
+  Line(&o, "opguard_ack_latency_seconds_sum", "", L(ack_sum_micros) / 1e6);
+  Line(&o, "opguard_ack_latency_seconds_count", "", L(ack_count));
+
+  Head(&o, "opguard_commit_groups_total", "counter", "Synced RocksDB writes (group commits).");
+  Line(&o, "opguard_commit_groups_total", "", L(commit_groups));
+  Head(&o, "opguard_commit_batches_total", "counter", "Batches covered by group commits.");
+  Line(&o, "opguard_commit_batches_total", "", L(commit_batches));
+  Head(&o, "opguard_commit_seconds_total", "counter", "Time spent in synced writes.");
+  Line(&o, "opguard_commit_seconds_total", "", L(commit_seconds_micros) / 1e6);
+  Head(&o, "opguard_store_errors_total", "counter", "Failed store writes.");
+  Line(&o, "opguard_store_errors_total", "", L(store_errors));
+  Head(&o, "opguard_queries_total", "counter", "Queries answered over ZeroMQ.");
+  Line(&o, "opguard_queries_total", "", L(queries));
+  Head(&o, "opguard_query_errors_total", "counter", "Queries answered with an error.");
+  Line(&o, "opguard_query_errors_total", "", L(query_errors));
+  Head(&o, "opguard_http_requests_total", "counter", "HTTP requests served.");
+  Line(&o, "opguard_http_requests_total", "", L(http_requests));
+  Head(&o, "opguard_runs_deleted_total", "counter", "Runs removed (opguard rm and retention).");
+  Line(&o, "opguard_runs_deleted_total", "", L(runs_deleted));
+
+  Head(&o, "opguard_runs", "gauge", "Runs stored.");
+  Line(&o, "opguard_runs", "", static_cast<double>(runs));
+  Head(&o, "opguard_uptime_seconds", "gauge", "Seconds since the daemon started.");
+  Line(&o, "opguard_uptime_seconds", "", uptime_s);
+  Head(&o, "opguard_store_disk_bytes", "gauge", "Bytes of all files in the data directory.");
+  Line(&o, "opguard_store_disk_bytes", "", static_cast<double>(store.DiskBytes()));
+  Head(&o, "opguard_rocksdb_sst_bytes", "gauge", "SST bytes per column family.");
+  for (int i = 0; i < kCfCount; ++i) {
+    std::string labels = std::string("{cf=\"") + CfName(static_cast<Cf>(i)) + "\"}";
+    Line(&o, "opguard_rocksdb_sst_bytes", labels.c_str(),
+         static_cast<double>(store.CfSstBytes(static_cast<Cf>(i))));
+  }
+  Head(&o, "opguard_rocksdb_memtable_bytes", "gauge", "Bytes in memtables.");
+  Line(&o, "opguard_rocksdb_memtable_bytes", "",
+       static_cast<double>(store.IntProperty("rocksdb.cur-size-all-mem-tables")));
+  Head(&o, "opguard_rocksdb_estimated_keys", "gauge", "RocksDB's estimate of live keys.");
+  Line(&o, "opguard_rocksdb_estimated_keys", "",
+       static_cast<double>(store.IntProperty("rocksdb.estimate-num-keys")));
+  Head(&o, "opguard_rocksdb_pending_compaction_bytes", "gauge", "Bytes compaction still has to rewrite.");
+  Line(&o, "opguard_rocksdb_pending_compaction_bytes", "",
+       static_cast<double>(store.IntProperty("rocksdb.estimate-pending-compaction-bytes")));
+  return o;
+}
+
+}  // namespace opguard::daemon

@@ -1,0 +1,51 @@
+// Daemon counters, exported as Prometheus text on GET /metrics. Written by
+// the ingest and query threads with relaxed atomics (no ordering needed: each
+// counter stands alone), read by the HTTP thread.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+namespace opguard::daemon {
+
+class Store;
+
+enum class RejectReason : int {
+  kOversized = 0,   // larger than ingest.max_message_bytes
+  kNotOpGuard,      // no OPG1 identifier: garbage, or truncated below the header
+  kMalformed,       // fails the FlatBuffers Verifier (truncated, hostile offsets)
+  kSchemaMajor,     // another schema major version
+  kWrongMessage,    // a valid envelope that is not a Batch
+  kInvalidBatch,    // a Batch that breaks the contract (empty run name, ...)
+  kCount
+};
+inline constexpr int kRejectReasonCount = static_cast<int>(RejectReason::kCount);
+const char* RejectReasonName(RejectReason reason);
+
+struct Metrics {
+  // Latency buckets of the ack histogram (seconds), receive -> ack sent.
+  static constexpr std::array<double, 14> kAckBuckets = {0.0005, 0.001, 0.0025, 0.005, 0.01,
+                                                         0.025,  0.05,  0.1,    0.25,  0.5,
+                                                         1,      2.5,   5,      10};
+
+  std::atomic<uint64_t> ops{0}, collectives{0}, strings{0}, sites{0}, sources{0}, steps{0};
+  std::atomic<uint64_t> gap_notices{0}, gap_records{0};
+  std::atomic<uint64_t> bytes_received{0};
+  std::atomic<uint64_t> batches_durable{0}, batches_duplicate{0};
+  std::array<std::atomic<uint64_t>, kRejectReasonCount> rejected{};
+  std::atomic<uint64_t> commit_groups{0}, commit_batches{0}, commit_seconds_micros{0};
+  std::atomic<uint64_t> store_errors{0};
+  std::array<std::atomic<uint64_t>, kAckBuckets.size() + 1> ack_buckets{};  // last: +Inf
+  std::atomic<uint64_t> ack_count{0}, ack_sum_micros{0};
+  std::atomic<uint64_t> queries{0}, query_errors{0}, http_requests{0};
+  std::atomic<uint64_t> runs_deleted{0};
+
+  void ObserveAck(uint64_t micros);
+  uint64_t RejectedTotal() const;
+  // The whole exposition, Prometheus text format 0.0.4.
+  std::string Prometheus(const Store& store, uint64_t runs, double uptime_s) const;
+};
+
+}  // namespace opguard::daemon

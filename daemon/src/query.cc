@@ -1,0 +1,407 @@
+#include "query.h"
+
+#include <pthread.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <set>
+
+#include "keys.h"
+#include "opguard/common/hex.h"
+#include "opguard/common/log.h"
+#include "opguard/idl/envelope.h"
+#include "record_copy.h"
+
+namespace opguard::daemon {
+namespace {
+
+std::string Hostname() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof buf - 1) != 0) return "unknown";
+  return buf;
+}
+
+const char* DTypeName(wire::DType d) { return wire::EnumNameDType(d); }
+
+nlohmann::json StatsJson(const wire::TensorStats* s) {
+  if (s == nullptr) return nullptr;
+  return {{"nan_count", s->nan_count()}, {"inf_count", s->inf_count()}, {"min", s->min()},
+          {"max", s->max()},             {"sum", s->sum()},             {"l2", s->l2()}};
+}
+
+nlohmann::json TensorJson(const wire::TensorSig* t) {
+  if (t == nullptr) return nullptr;
+  nlohmann::json shape = nlohmann::json::array();
+  if (t->shape()) {
+    for (int64_t d : *t->shape()) shape.push_back(d);
+  }
+  return {{"fingerprint", t->fingerprint() ? FingerprintHex(t->fingerprint()) : std::string()},
+          {"dtype", DTypeName(t->dtype())},
+          {"shape", shape},
+          {"device", t->device()},
+          {"stats", StatsJson(t->stats())}};
+}
+
+nlohmann::json TensorsJson(const flatbuffers::Vector<flatbuffers::Offset<wire::TensorSig>>* v) {
+  nlohmann::json out = nlohmann::json::array();
+  if (v) {
+    for (const auto* t : *v) out.push_back(TensorJson(t));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string FingerprintHex(const void* fp128) {
+  // Fp128 is stored little-endian (lo, then hi), i.e. digest bytes 0..15 in order.
+  return ToHex(fp128, 16);
+}
+
+QueryService::QueryService(const Config& config, Store* store, Ingest* ingest, Metrics* metrics)
+    : config_(config),
+      store_(store),
+      ingest_(ingest),
+      metrics_(metrics),
+      started_(std::chrono::steady_clock::now()) {}
+
+void QueryService::SetHttpAddress(std::string address) {
+  std::lock_guard<std::mutex> lock(mu_);
+  http_address_ = std::move(address);
+}
+
+std::vector<RunState> QueryService::ListRuns() const {
+  auto runs = ingest_->Runs();
+  std::sort(runs.begin(), runs.end(),
+            [](const RunState& a, const RunState& b) { return a.id < b.id; });
+  return runs;
+}
+
+Result<RunState> QueryService::GetRun(const std::string& name) const {
+  auto run = ingest_->FindRun(name);
+  if (!run) return NotFound("no run named '" + name + "'");
+  return *run;
+}
+
+Result<TracePage> QueryService::ReadTrace(const std::string& name, uint32_t rank, uint32_t lane,
+                                          uint64_t from_op, uint32_t max_ops) const {
+  auto run = ingest_->FindRun(name);
+  if (!run) return NotFound("no run named '" + name + "'");
+  if (run->ranks.count(rank) == 0) {
+    return NotFound("run '" + name + "' has no rank " + std::to_string(rank));
+  }
+  max_ops = std::clamp<uint32_t>(max_ops, 1, config_.max_trace_page);
+  TracePage page;
+  page.next_op = from_op;
+  std::set<uint64_t> string_ids, site_ids;
+  size_t bytes = 0;
+  bool more = false;
+  // Keep an answer well inside the message limit whatever the record sizes.
+  const size_t byte_budget = config_.max_message_bytes / 2;
+  Status st = store_->ScanOps(run->id, rank, lane, from_op, max_ops,
+                              [&](uint64_t op_index, const rocksdb::Slice& value) {
+                                if (bytes > byte_budget) return;
+                                auto op = wire::OpenStored<wire::OpRecord>(value.data(), value.size());
+                                if (!op.ok()) return;  // skip a corrupt record, keep paging
+                                string_ids.insert((*op)->name());
+                                if ((*op)->site()) site_ids.insert((*op)->site());
+                                if (const auto* k = (*op)->kernels()) string_ids.insert(k->begin(), k->end());
+                                page.ops.emplace_back(value.data(), value.size());
+                                bytes += value.size();
+                                page.next_op = op_index + 1;
+                              },
+                              &more);
+  OPGUARD_RETURN_IF_ERROR(st);
+  page.done = !more && bytes <= byte_budget;
+  auto sites = store_->GetDefs(run->id, keys::kSiteKind, {site_ids.begin(), site_ids.end()});
+  for (const auto& [id, value] : sites) {
+    if (value.size() != 20) continue;
+    SiteInfo s{keys::GetU64(value.data()), keys::GetU32(value.data() + 8), keys::GetU64(value.data() + 12)};
+    string_ids.insert(s.file);
+    string_ids.insert(s.function);
+    page.sites[id] = s;
+  }
+  page.strings = store_->GetDefs(run->id, keys::kStringKind, {string_ids.begin(), string_ids.end()});
+  return page;
+}
+
+Status QueryService::DeleteRun(const std::string& name) {
+  return ingest_->DeleteRun(name, std::chrono::seconds(30));
+}
+
+std::string QueryService::Answer(const void* data, size_t size) {
+  flatbuffers::FlatBufferBuilder b(4096);
+  auto error = [&](const std::string& message) {
+    metrics_->query_errors.fetch_add(1, std::memory_order_relaxed);
+    b.Clear();
+    wire::FinishEnvelope(b, wire::CreateErrorAnswer(b, b.CreateString(message)));
+  };
+  auto opened = wire::OpenEnvelope(data, size, config_.max_message_bytes);
+  if (!opened.ok()) {
+    error(opened.status().message());
+  } else {
+    const wire::Envelope* env = *opened;
+    switch (env->message_type()) {
+      case wire::Message::ListRunsRequest: {
+        std::vector<flatbuffers::Offset<wire::RunSummary>> runs;
+        for (const auto& run : ListRuns()) {
+          std::vector<flatbuffers::Offset<wire::RankSummary>> ranks;
+          for (const auto& [r, s] : run.ranks) {
+            ranks.push_back(wire::CreateRankSummary(b, r, s.ops, s.collectives, s.steps,
+                                                    s.gap_records, b.CreateString(s.node), s.ended));
+          }
+          std::vector<flatbuffers::Offset<wire::KeyValue>> det;
+          for (const auto& [k, v] : run.determinism) {
+            det.push_back(wire::CreateKeyValue(b, b.CreateString(k), b.CreateString(v)));
+          }
+          runs.push_back(wire::CreateRunSummary(
+              b, b.CreateString(run.name), b.CreateString(run.job_id), run.world_size,
+              b.CreateVector(ranks), run.start_ns, run.LastNs(),
+              b.CreateVectorOfSortedTables(&det), b.CreateString(run.framework)));
+        }
+        wire::FinishEnvelope(b, wire::CreateListRunsAnswer(b, b.CreateVector(runs)));
+        break;
+      }
+      case wire::Message::ReadTraceRequest: {
+        const auto* q = env->message_as_ReadTraceRequest();
+        auto page = ReadTrace(q->run() ? q->run()->str() : "", q->rank(), q->lane(), q->from_op(),
+                              q->max_ops());
+        if (!page.ok()) {
+          error(page.status().message());
+          break;
+        }
+        std::vector<flatbuffers::Offset<wire::OpRecord>> ops;
+        ops.reserve(page->ops.size());
+        for (const auto& value : page->ops) {
+          ops.push_back(CopyOpRecord(b, flatbuffers::GetRoot<wire::OpRecord>(value.data())));
+        }
+        std::vector<flatbuffers::Offset<wire::StringDef>> strings;
+        for (const auto& [id, text] : page->strings) {
+          strings.push_back(wire::CreateStringDef(b, id, b.CreateString(text)));
+        }
+        std::vector<flatbuffers::Offset<wire::SiteDef>> sites;
+        for (const auto& [id, s] : page->sites) {
+          sites.push_back(wire::CreateSiteDef(b, id, s.file, s.line, s.function));
+        }
+        wire::FinishEnvelope(b, wire::CreateReadTraceAnswer(b, b.CreateVector(ops), b.CreateVector(strings),
+                                                            b.CreateVector(sites), page->next_op,
+                                                            page->done));
+        break;
+      }
+      case wire::Message::DeleteRunRequest: {
+        const auto* q = env->message_as_DeleteRunRequest();
+        Status st = DeleteRun(q->run() ? q->run()->str() : "");
+        if (!st.ok()) {
+          error(st.message());
+        } else {
+          wire::FinishEnvelope(b, wire::CreateOkAnswer(b));
+        }
+        break;
+      }
+      case wire::Message::StatusRequest: {
+        auto j = StatusJson();
+        std::vector<flatbuffers::Offset<flatbuffers::String>> peers;
+        for (const auto& p : config_.peers) peers.push_back(b.CreateString(p));
+        wire::FinishEnvelope(
+            b, wire::CreateStatusAnswer(
+                   b, b.CreateString(j["version"].get<std::string>()), b.CreateString(j["node"].get<std::string>()),
+                   b.CreateString(config_.data_dir), j["uptime_s"].get<uint64_t>(), j["runs"].get<uint64_t>(),
+                   j["records_ingested"].get<uint64_t>(), j["batches_rejected"].get<uint64_t>(),
+                   j["disk_bytes"].get<uint64_t>(), b.CreateString(j["http"].get<std::string>()),
+                   b.CreateString(config_.ingest), b.CreateString(config_.listen), b.CreateVector(peers)));
+        break;
+      }
+      default:
+        error(std::string("unsupported request ") + wire::EnumNameMessage(env->message_type()) +
+              " on the query endpoint");
+    }
+  }
+  return std::string(reinterpret_cast<const char*>(b.GetBufferPointer()), b.GetSize());
+}
+
+nlohmann::json QueryService::RunJson(const RunState& run) const {
+  nlohmann::json ranks = nlohmann::json::array();
+  uint64_t ops = 0;
+  for (const auto& [r, s] : run.ranks) {
+    ops += s.ops;
+    ranks.push_back({{"rank", r},
+                     {"ops", s.ops},
+                     {"collectives", s.collectives},
+                     {"steps", s.steps},
+                     {"gaps", s.gap_records},
+                     {"collective_gaps", s.collective_gap_records},
+                     {"gap_notices", s.gap_notices},
+                     {"batches", s.batches},
+                     {"bytes", s.bytes},
+                     {"node", s.node},
+                     {"local_rank", s.local_rank},
+                     {"pid", s.pid},
+                     {"ended", s.ended},
+                     {"first_ns", s.first_ns},
+                     {"last_ns", s.last_ns}});
+  }
+  auto pairs = [](const std::vector<std::pair<std::string, std::string>>& kv) {
+    nlohmann::json j = nlohmann::json::object();
+    for (const auto& [k, v] : kv) j[k] = v;
+    return j;
+  };
+  return {{"name", run.name},
+          {"job_id", run.job_id},
+          {"world_size", run.world_size},
+          {"framework", run.framework},
+          {"start_ns", run.start_ns},
+          {"end_ns", run.LastNs()},
+          {"ops", ops},
+          {"ranks", ranks},
+          {"determinism", pairs(run.determinism)},
+          {"versions", pairs(run.versions)},
+          {"environment", pairs(run.environment)}};
+}
+
+nlohmann::json QueryService::RunsJson() const {
+  nlohmann::json runs = nlohmann::json::array();
+  for (const auto& run : ListRuns()) runs.push_back(RunJson(run));
+  return {{"runs", runs}};
+}
+
+nlohmann::json QueryService::StatusJson() const {
+  std::string http;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    http = http_address_;
+  }
+  const auto uptime = std::chrono::duration_cast<std::chrono::seconds>(
+                          std::chrono::steady_clock::now() - started_)
+                          .count();
+  return {{"version", OPGUARD_VERSION},
+          {"node", Hostname()},
+          {"data_dir", config_.data_dir},
+          {"uptime_s", static_cast<uint64_t>(uptime)},
+          {"runs", static_cast<uint64_t>(ingest_->RunCount())},
+          {"records_ingested", metrics_->ops.load() + metrics_->collectives.load()},
+          {"batches_rejected", metrics_->RejectedTotal()},
+          {"disk_bytes", store_->DiskBytes()},
+          {"http", http},
+          {"ingest", config_.ingest},
+          {"listen", config_.listen},
+          {"peers", config_.peers},
+          {"healthy", !ingest_->Failed()}};
+}
+
+nlohmann::json QueryService::TraceJson(const std::string& run, uint32_t rank, uint32_t lane,
+                                       const TracePage& page) const {
+  auto str = [&](uint64_t id) -> nlohmann::json {
+    auto it = page.strings.find(id);
+    if (it == page.strings.end()) return nullptr;
+    return it->second;
+  };
+  nlohmann::json ops = nlohmann::json::array();
+  for (const auto& value : page.ops) {
+    const auto* op = flatbuffers::GetRoot<wire::OpRecord>(value.data());
+    nlohmann::json inputs = nlohmann::json::array();
+    if (op->inputs()) {
+      for (const auto* v : *op->inputs()) {
+        switch (v->kind()) {
+          case wire::ValueKind::Tensor:
+            inputs.push_back({{"kind", "tensor"}, {"tensor", TensorJson(v->tensor())}});
+            break;
+          case wire::ValueKind::Scalar:
+            inputs.push_back({{"kind", "scalar"}, {"bits", v->scalar_bits()},
+                              {"dtype", DTypeName(v->scalar_dtype())}});
+            break;
+          case wire::ValueKind::TensorList:
+            inputs.push_back({{"kind", "tensor_list"}, {"tensors", TensorsJson(v->tensors())}});
+            break;
+          default:
+            inputs.push_back({{"kind", "none"}});
+        }
+      }
+    }
+    nlohmann::json site = nullptr;
+    if (auto it = page.sites.find(op->site()); it != page.sites.end()) {
+      site = {{"file", str(it->second.file)}, {"line", it->second.line},
+              {"function", str(it->second.function)}};
+    }
+    nlohmann::json kernels = nlohmann::json::array();
+    if (op->kernels()) {
+      for (uint64_t k : *op->kernels()) kernels.push_back(str(k));
+    }
+    ops.push_back({{"op_index", op->op_index()},
+                   {"lane", op->lane()},
+                   {"step", op->step()},
+                   {"name", str(op->name())},
+                   {"site", site},
+                   {"seq_nr", op->seq_nr()},
+                   {"backward", op->backward()},
+                   {"nondeterministic", op->nondeterministic()},
+                   {"inputs", inputs},
+                   {"outputs", TensorsJson(op->outputs())},
+                   {"kernels", kernels},
+                   {"start_ns", op->start_ns()},
+                   {"duration_ns", op->duration_ns()}});
+  }
+  return {{"run", run}, {"rank", rank}, {"lane", lane}, {"ops", ops},
+          {"next_op", page.next_op}, {"done", page.done}};
+}
+
+// ---- QueryServer ----------------------------------------------------------------
+
+QueryServer::QueryServer(const Config& config, QueryService* service, Metrics* metrics,
+                         zmq::context_t* context)
+    : config_(config), service_(service), metrics_(metrics), context_(context) {}
+
+QueryServer::~QueryServer() { Stop(); }
+
+Status QueryServer::Start() {
+  if (config_.listen.rfind("ipc://", 0) == 0) {
+    std::error_code ec;
+    auto parent = std::filesystem::path(config_.listen.substr(6)).parent_path();
+    if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+  }
+  try {
+    socket_ = std::make_unique<zmq::socket_t>(*context_, zmq::socket_type::router);
+    socket_->set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(1 << 20));  // requests are small
+    socket_->set(zmq::sockopt::router_mandatory, 1);
+    socket_->set(zmq::sockopt::linger, 0);
+    socket_->bind(config_.listen);
+  } catch (const zmq::error_t& e) {
+    return Unavailable("cannot bind query endpoint " + config_.listen + ": " + e.what());
+  }
+  thread_ = std::thread([this] { Loop(); });
+  return Status::Ok();
+}
+
+void QueryServer::Stop() {
+  stop_ = true;
+  if (thread_.joinable()) thread_.join();
+  socket_.reset();
+}
+
+void QueryServer::Loop() {
+  pthread_setname_np(pthread_self(), "og-query");
+  std::vector<zmq::message_t> frames;
+  while (!stop_) {
+    zmq::pollitem_t item{static_cast<void*>(*socket_), 0, ZMQ_POLLIN, 0};
+    try {
+      zmq::poll(&item, 1, std::chrono::milliseconds(100));
+      if (!(item.revents & ZMQ_POLLIN)) continue;
+      frames.clear();
+      if (!zmq::recv_multipart(*socket_, std::back_inserter(frames), zmq::recv_flags::dontwait)) continue;
+    } catch (const zmq::error_t& e) {
+      if (e.num() != EINTR) OPGUARD_LOG(LogLevel::kWarn, std::string("query socket: ") + e.what());
+      continue;
+    }
+    if (frames.size() < 2) continue;  // no routing id: nothing to answer to
+    metrics_->queries.fetch_add(1, std::memory_order_relaxed);
+    std::string answer = service_->Answer(frames.back().data(), frames.back().size());
+    try {
+      for (size_t i = 0; i + 1 < frames.size(); ++i) {
+        socket_->send(frames[i], zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+      }
+      (void)socket_->send(zmq::buffer(answer), zmq::send_flags::dontwait);
+    } catch (const zmq::error_t&) {
+      // The client gave up (timeout) and disconnected.
+    }
+  }
+}
+
+}  // namespace opguard::daemon

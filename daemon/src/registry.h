@@ -1,0 +1,77 @@
+// The run registry: what the daemon knows about each run and rank, kept in
+// memory and persisted in the meta column family (JSON values, written in the
+// same WriteBatch as the records they count, so counters and data can never
+// disagree after a crash).
+//
+// Two copies exist: the ingest thread's working copy (ahead of the disk by at
+// most one group commit) and the published copy queries read (only durable
+// state). The structs are plain values; the owners do the locking.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "opguard/common/status.h"
+
+namespace opguard::daemon {
+
+// Which batches of one shim session have been applied. Batches usually
+// arrive in order, so this is a contiguous prefix plus the few seqs above it
+// that arrived early (resends after a reconnect can come out of order).
+struct SessionState {
+  uint64_t contiguous = 0;       // every seq < contiguous was applied
+  std::set<uint64_t> above;      // applied seqs > contiguous
+  uint64_t last_ns = 0;          // for dropping old sessions
+
+  bool Applied(uint64_t seq) const { return seq < contiguous || above.count(seq) != 0; }
+  void Mark(uint64_t seq);
+};
+
+struct RankState {
+  uint64_t ops = 0;
+  uint64_t collectives = 0;       // completed collective records
+  uint64_t steps = 0;             // step marks
+  uint64_t gap_records = 0;       // op records reported missing
+  uint64_t collective_gap_records = 0;  // collective records reported missing
+  uint64_t gap_notices = 0;
+  uint64_t batches = 0;
+  uint64_t bytes = 0;             // message bytes accepted
+  uint64_t first_ns = 0;          // wall clock of the first and last batch
+  uint64_t last_ns = 0;
+  std::string node;
+  uint32_t local_rank = 0;
+  uint64_t pid = 0;
+  bool ended = false;
+  std::map<uint64_t, SessionState> sessions;
+
+  // Keep the dedup state bounded: the most recent sessions only.
+  static constexpr size_t kMaxSessions = 8;
+  void TrimSessions();
+};
+
+struct RunState {
+  uint64_t id = 0;
+  std::string name;
+  std::string job_id;
+  uint32_t world_size = 0;
+  std::string framework;
+  uint64_t start_ns = 0;          // earliest announce start (or first batch)
+  uint64_t created_ns = 0;
+  std::vector<std::pair<std::string, std::string>> determinism, versions, environment;
+  std::map<uint32_t, RankState> ranks;
+
+  uint64_t LastNs() const;        // latest record of any rank
+};
+
+nlohmann::json RankToJson(const RankState& r);
+RankState RankFromJson(const nlohmann::json& j);
+// Run metadata without ranks (ranks are stored under their own keys).
+nlohmann::json RunMetaToJson(const RunState& r);
+RunState RunMetaFromJson(const nlohmann::json& j);
+
+}  // namespace opguard::daemon

@@ -1,0 +1,291 @@
+#include "store.h"
+
+#include <rocksdb/cache.h>
+#include <rocksdb/convenience.h>
+#include <rocksdb/filter_policy.h>
+#include <rocksdb/memtablerep.h>
+#include <rocksdb/table.h>
+#include <rocksdb/write_buffer_manager.h>
+
+#include <algorithm>
+#include <filesystem>
+
+#include "keys.h"
+#include "opguard/common/log.h"
+
+namespace opguard::daemon {
+namespace {
+
+bool Supported(rocksdb::CompressionType type) {
+  auto all = rocksdb::GetSupportedCompressions();
+  return std::find(all.begin(), all.end(), type) != all.end();
+}
+
+rocksdb::CompressionType ChooseCompression(const std::string& name) {
+  rocksdb::CompressionType want = rocksdb::kLZ4Compression;
+  if (name == "zstd") want = rocksdb::kZSTD;
+  if (name == "snappy") want = rocksdb::kSnappyCompression;
+  if (name == "none") return rocksdb::kNoCompression;
+  if (Supported(want)) return want;
+  if (Supported(rocksdb::kSnappyCompression)) return rocksdb::kSnappyCompression;
+  return rocksdb::kNoCompression;
+}
+
+Status FromRocks(const rocksdb::Status& s, const std::string& what) {
+  if (s.ok()) return Status::Ok();
+  return Internal(what + ": " + s.ToString());
+}
+
+}  // namespace
+
+const char* CfName(Cf cf) {
+  static constexpr const char* kNames[kCfCount] = {keys::kOps,    keys::kCollectives,
+                                                   keys::kStrings, keys::kSources,
+                                                   keys::kEvents, keys::kMeta};
+  return kNames[static_cast<int>(cf)];
+}
+
+Result<std::unique_ptr<Store>> Store::Open(const Config& config) {
+  std::error_code ec;
+  std::filesystem::create_directories(config.data_dir, ec);
+  if (ec) return Unavailable("cannot create data dir " + config.data_dir + ": " + ec.message());
+
+  // DB-wide options: one writer (the ingest committer) doing synced group
+  // commits; a memtable budget shared by all column families so memory stays
+  // bounded no matter how many runs are live.
+  rocksdb::DBOptions db_options;
+  db_options.create_if_missing = true;
+  db_options.create_missing_column_families = true;
+  db_options.max_background_jobs = config.background_jobs;
+  db_options.bytes_per_sync = 1 << 20;
+  // The meta CF sees tiny writes and would otherwise pin old WAL files.
+  db_options.max_total_wal_size = 4 * config.write_buffer_bytes;
+  db_options.keep_log_file_num = 4;
+  db_options.max_log_file_size = 16 << 20;
+  db_options.info_log_level = rocksdb::InfoLogLevel::WARN_LEVEL;
+  db_options.write_buffer_manager =
+      std::make_shared<rocksdb::WriteBufferManager>(config.memtable_budget_bytes);
+  // Vector memtables (below) cannot take concurrent inserts; there is one writer anyway.
+  db_options.allow_concurrent_memtable_write = false;
+  db_options.enable_write_thread_adaptive_yield = false;
+
+  auto cache = rocksdb::NewLRUCache(config.block_cache_bytes);
+  const auto compression = ChooseCompression(config.compression);
+  const auto bottom = ChooseCompression(config.bottommost_compression);
+
+  auto make_cf = [&](Cf cf) {
+    rocksdb::ColumnFamilyOptions o;
+    rocksdb::BlockBasedTableOptions t;
+    t.block_cache = cache;
+    t.cache_index_and_filter_blocks = true;
+    t.pin_l0_filter_and_index_blocks_in_cache = true;
+    t.format_version = 5;
+    o.compression = compression;
+    o.bottommost_compression = bottom;
+    o.level_compaction_dynamic_level_bytes = true;
+    switch (cf) {
+      case Cf::kOps:
+      case Cf::kCollectives:
+      case Cf::kEvents:
+        // Written in key order per rank, read back as range scans: large
+        // blocks compress better and scan faster; no bloom filter (scans
+        // never use it). Vector memtable: O(1) appends, sorted once at flush.
+        t.block_size = 64 << 10;
+        o.write_buffer_size = cf == Cf::kOps ? config.write_buffer_bytes
+                                             : std::max<uint64_t>(config.write_buffer_bytes / 4, 4 << 20);
+        o.max_write_buffer_number = 4;
+        o.memtable_factory = std::make_shared<rocksdb::VectorRepFactory>();
+        o.target_file_size_base = 64 << 20;
+        o.max_bytes_for_level_base = 512 << 20;
+        o.level0_file_num_compaction_trigger = 4;
+        o.level0_slowdown_writes_trigger = 24;
+        o.level0_stop_writes_trigger = 40;
+        if (config.compaction == "universal") {
+          o.compaction_style = rocksdb::kCompactionStyleUniversal;
+          o.level_compaction_dynamic_level_bytes = false;
+          o.compaction_options_universal.max_size_amplification_percent = 200;
+          o.compaction_options_universal.size_ratio = 10;
+        }
+        break;
+      case Cf::kStrings:
+      case Cf::kSources:
+      case Cf::kMeta:
+        // Small and looked up by key: bloom filters, default memtable.
+        t.block_size = 16 << 10;
+        t.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));
+        o.write_buffer_size = 8 << 20;
+        o.max_write_buffer_number = 2;
+        break;
+      case Cf::kCount:
+        break;
+    }
+    o.table_factory.reset(rocksdb::NewBlockBasedTableFactory(t));
+    return o;
+  };
+
+  std::vector<rocksdb::ColumnFamilyDescriptor> descriptors;
+  descriptors.emplace_back(rocksdb::kDefaultColumnFamilyName, rocksdb::ColumnFamilyOptions());
+  for (int i = 0; i < kCfCount; ++i) {
+    descriptors.emplace_back(CfName(static_cast<Cf>(i)), make_cf(static_cast<Cf>(i)));
+  }
+  std::vector<rocksdb::ColumnFamilyHandle*> handles;
+  rocksdb::DB* raw = nullptr;
+  auto s = rocksdb::DB::Open(db_options, config.data_dir, descriptors, &handles, &raw);
+  if (!s.ok()) return Unavailable("cannot open store in " + config.data_dir + ": " + s.ToString());
+  std::unique_ptr<Store> store(new Store());
+  store->dir_ = config.data_dir;
+  store->db_.reset(raw);
+  // handles[0] is the default CF: unused, but RocksDB wants it open.
+  raw->DestroyColumnFamilyHandle(handles[0]);
+  for (int i = 0; i < kCfCount; ++i) store->handles_[i] = handles[i + 1];
+  return store;
+}
+
+Store::~Store() { (void)Close(); }
+
+Status Store::Close() {
+  if (closed_ || !db_) return Status::Ok();
+  closed_ = true;
+  rocksdb::FlushOptions flush;
+  flush.wait = true;
+  std::vector<rocksdb::ColumnFamilyHandle*> all(handles_.begin(), handles_.end());
+  auto fs = db_->Flush(flush, all);
+  if (!fs.ok()) OPGUARD_LOG(LogLevel::kWarn, "store: flush at close failed: " + fs.ToString());
+  for (auto* h : handles_) db_->DestroyColumnFamilyHandle(h);
+  handles_.fill(nullptr);
+  auto s = db_->Close();
+  db_.reset();
+  return FromRocks(s, "store close");
+}
+
+Status Store::Write(rocksdb::WriteBatch* batch, bool sync) {
+  rocksdb::WriteOptions options;
+  options.sync = sync;
+  return FromRocks(db_->Write(options, batch), "store write");
+}
+
+Status Store::LoadRegistry(std::map<std::string, RunState>* runs, uint64_t* next_id) {
+  runs->clear();
+  *next_id = 1;
+  std::string value;
+  auto s = db_->Get(rocksdb::ReadOptions(), cf(Cf::kMeta), keys::MetaNextIdKey(), &value);
+  if (s.ok() && value.size() == 8) *next_id = keys::GetU64(value.data());
+  std::map<uint64_t, RunState*> by_id;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), cf(Cf::kMeta)));
+  // Runs ('N') sort before ranks ('R'), so every rank finds its run.
+  for (it->Seek(std::string(1, keys::kMetaRun)); it->Valid(); it->Next()) {
+    auto key = it->key();
+    if (key.empty()) continue;
+    try {
+      if (key[0] == keys::kMetaRun) {
+        RunState run = RunMetaFromJson(nlohmann::json::parse(it->value().ToStringView()));
+        auto& slot = (*runs)[run.name];
+        slot = std::move(run);
+        by_id[slot.id] = &slot;
+        *next_id = std::max(*next_id, slot.id + 1);
+      } else if (key[0] == keys::kMetaRank && key.size() == 13) {
+        uint64_t id = keys::GetU64(key.data() + 1);
+        uint32_t rank = keys::GetU32(key.data() + 9);
+        auto found = by_id.find(id);
+        if (found == by_id.end()) continue;  // run deleted in the same batch
+        found->second->ranks[rank] = RankFromJson(nlohmann::json::parse(it->value().ToStringView()));
+      }
+    } catch (const std::exception& e) {
+      return DataLoss("meta record " + key.ToString(true) + " is corrupt: " + e.what());
+    }
+  }
+  if (!it->status().ok()) return FromRocks(it->status(), "reading run registry");
+  return Status::Ok();
+}
+
+void Store::AddDeleteRun(rocksdb::WriteBatch* batch, const RunState& run) const {
+  const std::string begin = keys::RunBegin(run.id), end = keys::RunBegin(run.id + 1);
+  for (Cf c : {Cf::kOps, Cf::kCollectives, Cf::kStrings, Cf::kSources, Cf::kEvents}) {
+    batch->DeleteRange(cf(c), begin, end);
+  }
+  batch->Delete(cf(Cf::kMeta), keys::MetaRunKey(run.name));
+  for (const auto& [rank, state] : run.ranks) {
+    batch->Delete(cf(Cf::kMeta), keys::MetaRankKey(run.id, rank));
+  }
+}
+
+void Store::CompactRun(uint64_t run_id) {
+  const std::string begin = keys::RunBegin(run_id), end = keys::RunBegin(run_id + 1);
+  rocksdb::Slice b(begin), e(end);
+  rocksdb::CompactRangeOptions options;
+  options.bottommost_level_compaction = rocksdb::BottommostLevelCompaction::kForceOptimized;
+  for (Cf c : {Cf::kOps, Cf::kCollectives, Cf::kStrings, Cf::kSources, Cf::kEvents}) {
+    auto s = db_->CompactRange(options, cf(c), &b, &e);
+    if (!s.ok()) OPGUARD_LOG(LogLevel::kWarn, "store: compacting deleted run failed: " + s.ToString());
+  }
+}
+
+Status Store::ScanOps(uint64_t run, uint32_t rank, uint32_t lane, uint64_t from_op, uint32_t max,
+                      const std::function<void(uint64_t, const rocksdb::Slice&)>& fn,
+                      bool* more) const {
+  *more = false;
+  const std::string prefix = keys::LanePrefix(run, rank, lane);
+  std::string upper = keys::LanePrefix(run, rank, lane + 1);
+  if (lane == UINT32_MAX) upper = keys::LanePrefix(run, rank + 1, 0);
+  rocksdb::Slice upper_slice(upper);
+  rocksdb::ReadOptions options;
+  options.iterate_upper_bound = &upper_slice;
+  options.readahead_size = 2 << 20;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(options, cf(Cf::kOps)));
+  uint32_t n = 0;
+  for (it->Seek(keys::OpKey(run, rank, lane, from_op)); it->Valid(); it->Next()) {
+    if (n == max) {
+      *more = true;
+      break;
+    }
+    auto key = it->key();
+    if (key.size() != 24 || !key.starts_with(prefix)) continue;
+    fn(keys::GetU64(key.data() + 16), it->value());
+    ++n;
+  }
+  return FromRocks(it->status(), "reading trace");
+}
+
+std::map<uint64_t, std::string> Store::GetDefs(uint64_t run, char kind,
+                                               const std::vector<uint64_t>& ids) const {
+  std::map<uint64_t, std::string> out;
+  if (ids.empty()) return out;
+  std::vector<std::string> key_storage;
+  key_storage.reserve(ids.size());
+  for (uint64_t id : ids) key_storage.push_back(keys::DefKey(run, kind, id));
+  std::vector<rocksdb::Slice> key_slices(key_storage.begin(), key_storage.end());
+  std::vector<rocksdb::ColumnFamilyHandle*> cfs(ids.size(), cf(Cf::kStrings));
+  std::vector<std::string> values;
+  auto statuses = db_->MultiGet(rocksdb::ReadOptions(), cfs, key_slices, &values);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (statuses[i].ok()) out[ids[i]] = std::move(values[i]);
+  }
+  return out;
+}
+
+uint64_t Store::DiskBytes() const {
+  uint64_t total = 0;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir_, ec)) {
+    std::error_code fec;
+    if (entry.is_regular_file(fec)) total += entry.file_size(fec);
+  }
+  return total;
+}
+
+uint64_t Store::CfSstBytes(Cf c) const {
+  uint64_t v = 0;
+  db_->GetIntProperty(cf(c), "rocksdb.total-sst-files-size", &v);
+  return v;
+}
+
+uint64_t Store::IntProperty(const std::string& property) const {
+  uint64_t total = 0;
+  for (auto* h : handles_) {
+    uint64_t v = 0;
+    if (h && db_->GetIntProperty(h, property, &v)) total += v;
+  }
+  return total;
+}
+
+}  // namespace opguard::daemon

@@ -1,0 +1,78 @@
+#include "store.h"
+
+#include <gtest/gtest.h>
+
+#include "keys.h"
+#include "opguard/daemon/testing/batch_maker.h"
+
+namespace opguard::daemon {
+namespace {
+
+TEST(Store, RegistryRoundTripsAndDeleteRemovesEverything) {
+  testing::TempDir dir;
+  Config config;
+  config.data_dir = dir.path() + "/data";
+  RunState run;
+  run.id = 3;
+  run.name = "r1";
+  run.determinism = {{"tf32", "off"}};
+  run.ranks[0].ops = 10;
+  run.ranks[0].sessions[7].Mark(0);
+  run.ranks[0].sessions[7].Mark(2);
+  {
+    auto store = Store::Open(config);
+    ASSERT_TRUE(store.ok()) << store.status().message();
+    rocksdb::WriteBatch wb;
+    wb.Put((*store)->cf(Cf::kMeta), keys::MetaRunKey("r1"), RunMetaToJson(run).dump());
+    wb.Put((*store)->cf(Cf::kMeta), keys::MetaRankKey(3, 0), RankToJson(run.ranks[0]).dump());
+    for (uint64_t i = 0; i < 5; ++i) wb.Put((*store)->cf(Cf::kOps), keys::OpKey(3, 0, 0, i), "v");
+    wb.Put((*store)->cf(Cf::kOps), keys::OpKey(4, 0, 0, 0), "other run");
+    ASSERT_TRUE((*store)->Write(&wb, true).ok());
+    ASSERT_TRUE((*store)->Close().ok());
+  }
+  auto store = Store::Open(config);
+  ASSERT_TRUE(store.ok());
+  std::map<std::string, RunState> runs;
+  uint64_t next = 0;
+  ASSERT_TRUE((*store)->LoadRegistry(&runs, &next).ok());
+  ASSERT_EQ(runs.size(), 1u);
+  EXPECT_EQ(next, 4u);
+  const RunState& loaded = runs.at("r1");
+  EXPECT_EQ(loaded.determinism.at(0).second, "off");
+  EXPECT_EQ(loaded.ranks.at(0).ops, 10u);
+  EXPECT_TRUE(loaded.ranks.at(0).sessions.at(7).Applied(2));
+  EXPECT_FALSE(loaded.ranks.at(0).sessions.at(7).Applied(1));
+
+  bool more = false;
+  int n = 0;
+  ASSERT_TRUE((*store)->ScanOps(3, 0, 0, 1, 3, [&](uint64_t, const rocksdb::Slice&) { ++n; }, &more).ok());
+  EXPECT_EQ(n, 3);
+  EXPECT_TRUE(more);
+
+  rocksdb::WriteBatch wb;
+  (*store)->AddDeleteRun(&wb, loaded);
+  ASSERT_TRUE((*store)->Write(&wb, true).ok());
+  (*store)->CompactRun(3);
+  n = 0;
+  ASSERT_TRUE((*store)->ScanOps(3, 0, 0, 0, 100, [&](uint64_t, const rocksdb::Slice&) { ++n; }, &more).ok());
+  EXPECT_EQ(n, 0);
+  ASSERT_TRUE((*store)->ScanOps(4, 0, 0, 0, 100, [&](uint64_t, const rocksdb::Slice&) { ++n; }, &more).ok());
+  EXPECT_EQ(n, 1);
+  ASSERT_TRUE((*store)->LoadRegistry(&runs, &next).ok());
+  EXPECT_TRUE(runs.empty());
+}
+
+TEST(SessionState, ContiguousPrefixAndOutOfOrder) {
+  SessionState s;
+  s.Mark(1);
+  EXPECT_FALSE(s.Applied(0));
+  EXPECT_TRUE(s.Applied(1));
+  s.Mark(0);
+  EXPECT_EQ(s.contiguous, 2u);
+  EXPECT_TRUE(s.above.empty());
+  s.Mark(0);
+  EXPECT_EQ(s.contiguous, 2u);
+}
+
+}  // namespace
+}  // namespace opguard::daemon

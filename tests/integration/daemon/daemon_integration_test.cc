@@ -1,0 +1,453 @@
+// opguardd end to end: a real daemon process (local mode under a temp dir),
+// real RocksDB, real ZeroMQ senders, HTTP and the CLI.
+#include <gtest/gtest.h>
+
+#include <sys/stat.h>
+
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <regex>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "opguard/daemon/client.h"
+#include "opguard/daemon/testing/batch_maker.h"
+#include "opguard/idl/envelope.h"
+
+namespace opguard::daemon {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+using testing::BatchOptions;
+using testing::DaemonProcess;
+using testing::RankSender;
+
+class DaemonTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<DaemonProcess> StartDaemon(std::vector<std::string> args = {}) {
+    auto d = std::make_unique<DaemonProcess>(OPGUARDD_PATH, dir_.path(), std::move(args));
+    Status st = d->Start();
+    EXPECT_TRUE(st.ok()) << st.message();
+    return d;
+  }
+
+  static wire::Envelope const* Env(const Result<Answer>& a) { return a->envelope(); }
+
+  // rank -> RankSummary of `run`, via the ZeroMQ query endpoint.
+  std::map<uint32_t, std::tuple<uint64_t, uint64_t, uint64_t, uint64_t>> Ranks(DaemonProcess& d,
+                                                                               const std::string& run) {
+    std::map<uint32_t, std::tuple<uint64_t, uint64_t, uint64_t, uint64_t>> out;
+    DaemonClient client(d.query());
+    auto answer = client.ListRuns();
+    EXPECT_TRUE(answer.ok()) << answer.status().message();
+    if (!answer.ok()) return out;
+    for (const auto* r : *Env(answer)->message_as_ListRunsAnswer()->runs()) {
+      if (r->name()->str() != run) continue;
+      for (const auto* k : *r->ranks()) out[k->rank()] = {k->ops(), k->collectives(), k->steps(), k->gaps()};
+    }
+    return out;
+  }
+
+  // Every op index of (run, rank, lane 0), read back page by page.
+  std::vector<uint64_t> ReadAll(DaemonProcess& d, const std::string& run, uint32_t rank) {
+    std::vector<uint64_t> ops;
+    DaemonClient client(d.query(), 10s);
+    uint64_t from = 0;
+    for (int page = 0; page < 10000; ++page) {
+      auto answer = client.ReadTrace(run, rank, 0, from, 5000);
+      EXPECT_TRUE(answer.ok()) << answer.status().message();
+      if (!answer.ok()) break;
+      const auto* t = Env(answer)->message_as_ReadTraceAnswer();
+      if (t->ops()) {
+        for (const auto* op : *t->ops()) ops.push_back(op->op_index());
+      }
+      if (t->done()) break;
+      from = t->next_op();
+    }
+    return ops;
+  }
+
+  static uint64_t Metric(const std::string& text, const std::string& name_and_labels) {
+    auto pos = text.find("\n" + name_and_labels + " ");
+    if (pos == std::string::npos) return UINT64_MAX;
+    return std::stoull(text.substr(pos + name_and_labels.size() + 2));
+  }
+
+  testing::TempDir dir_;
+};
+
+TEST_F(DaemonTest, EightRanksIngestThenEveryCountMatches) {
+  auto d = StartDaemon();
+  constexpr uint64_t kBatches = 40, kOps = 250;
+  std::vector<std::unique_ptr<RankSender>> senders;
+  for (uint32_t r = 0; r < 8; ++r) {
+    BatchOptions o;
+    o.steps_every = 100;
+    o.collectives_every = 50;
+    if (r == 3) o.gaps = {{1000000, 1000009}};
+    senders.push_back(std::make_unique<RankSender>(d->ingest(), "eight", r, 77 + r, kOps, o));
+  }
+  std::vector<std::thread> threads;
+  std::vector<Status> results(8);
+  for (uint32_t r = 0; r < 8; ++r) {
+    threads.emplace_back([&, r] { results[r] = senders[r]->Run(kBatches, Clock::now() + 60s); });
+  }
+  for (auto& t : threads) t.join();
+  for (uint32_t r = 0; r < 8; ++r) {
+    ASSERT_TRUE(results[r].ok()) << results[r].message();
+    EXPECT_EQ(senders[r]->rejected(), 0u);
+  }
+  auto ranks = Ranks(*d, "eight");
+  ASSERT_EQ(ranks.size(), 8u);
+  for (const auto& [rank, counts] : ranks) {
+    const auto [ops, collectives, steps, gaps] = counts;
+    EXPECT_EQ(ops, kBatches * kOps) << "rank " << rank;
+    EXPECT_EQ(collectives, kBatches * kOps / 50) << "rank " << rank;
+    EXPECT_EQ(steps, kBatches * kOps / 100) << "rank " << rank;
+    EXPECT_EQ(gaps, rank == 3 ? kBatches * 10 : 0u) << "rank " << rank;
+  }
+  for (uint32_t rank : {0u, 7u}) {
+    auto ops = ReadAll(*d, "eight", rank);
+    ASSERT_EQ(ops.size(), kBatches * kOps);
+    for (uint64_t i = 0; i < ops.size(); ++i) ASSERT_EQ(ops[i], i);
+  }
+  // Run metadata from the announce.
+  DaemonClient client(d->query());
+  auto list = client.ListRuns();
+  ASSERT_TRUE(list.ok());
+  const auto* run = Env(list)->message_as_ListRunsAnswer()->runs()->Get(0);
+  EXPECT_EQ(run->world_size(), 8u);
+  EXPECT_EQ(run->framework()->str(), "loadgen");
+  EXPECT_EQ(run->job_id()->str(), "job-42");
+  ASSERT_NE(run->determinism(), nullptr);
+  EXPECT_EQ(run->determinism()->LookupByKey("deterministic_algorithms")->value()->str(), "true");
+  EXPECT_GT(run->end_ns(), 0u);
+  // The same numbers after a clean restart (counters are persisted).
+  EXPECT_EQ(d->Stop(), 0) << "SIGTERM must stop the daemon cleanly";
+  d = StartDaemon();
+  auto again = Ranks(*d, "eight");
+  EXPECT_EQ(again, ranks);
+  EXPECT_EQ(d->Stop(), 0);
+}
+
+TEST_F(DaemonTest, KillNineMidIngestLosesNoAckedRecordAndDuplicatesNothing) {
+  auto d = StartDaemon();
+  constexpr uint64_t kBatches = 120, kOps = 100;
+  constexpr uint32_t kRanks = 8;
+  std::vector<std::unique_ptr<RankSender>> senders;
+  for (uint32_t r = 0; r < kRanks; ++r) {
+    senders.push_back(std::make_unique<RankSender>(d->ingest(), "crash", r, 1000 + r, kOps));
+  }
+  // Phase 1: senders run; the daemon is killed while they are sending.
+  std::vector<std::thread> threads;
+  for (uint32_t r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] { (void)senders[r]->Run(kBatches, Clock::now() + 60s, 8); });
+  }
+  // Wait (bounded) until some batches are durable, then kill -9.
+  for (int i = 0; i < 400; ++i) {
+    auto metrics = testing::HttpGet(d->http(), "/metrics");
+    if (metrics.ok() && Metric(metrics->body, "opguard_batches_total{result=\"durable\"}") >= kRanks * 20) break;
+    std::this_thread::sleep_for(10ms);
+  }
+  d->Kill9();
+  for (auto& s : senders) s->Abort();
+  for (auto& t : threads) t.join();
+  std::vector<std::set<uint64_t>> acked_before(kRanks);
+  uint64_t total_acked = 0;
+  for (uint32_t r = 0; r < kRanks; ++r) {
+    acked_before[r] = senders[r]->acked();
+    total_acked += acked_before[r].size();
+  }
+  ASSERT_GT(total_acked, 0u);
+  ASSERT_LT(total_acked, kRanks * kBatches) << "the kill came too late to test anything";
+
+  // Phase 2: restart; every acknowledged record is there.
+  d = StartDaemon();
+  for (uint32_t r = 0; r < kRanks; ++r) {
+    auto ops = ReadAll(*d, "crash", r);
+    std::set<uint64_t> present(ops.begin(), ops.end());
+    EXPECT_EQ(present.size(), ops.size()) << "duplicate op records on rank " << r;
+    for (uint64_t seq : acked_before[r]) {
+      for (uint64_t op = seq * kOps; op < (seq + 1) * kOps; ++op) {
+        ASSERT_TRUE(present.count(op)) << "acked op " << op << " of rank " << r << " lost";
+      }
+    }
+  }
+  // Phase 3: the senders resend what was not acked and finish.
+  threads.clear();
+  std::vector<Status> results(kRanks);
+  for (uint32_t r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] { results[r] = senders[r]->Run(kBatches, Clock::now() + 60s, 8); });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& st : results) ASSERT_TRUE(st.ok()) << st.message();
+  auto ranks = Ranks(*d, "crash");
+  ASSERT_EQ(ranks.size(), kRanks);
+  for (const auto& [rank, counts] : ranks) EXPECT_EQ(std::get<0>(counts), kBatches * kOps) << "rank " << rank;
+  // Phase 4: resending everything again changes nothing.
+  for (uint32_t r = 0; r < kRanks; ++r) senders[r]->ForgetAcks();
+  threads.clear();
+  for (uint32_t r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] { results[r] = senders[r]->Run(kBatches, Clock::now() + 60s, 16); });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& st : results) ASSERT_TRUE(st.ok()) << st.message();
+  EXPECT_EQ(Ranks(*d, "crash"), ranks);
+  for (uint32_t r = 0; r < kRanks; ++r) {
+    auto ops = ReadAll(*d, "crash", r);
+    ASSERT_EQ(ops.size(), kBatches * kOps);
+    for (uint64_t i = 0; i < ops.size(); ++i) ASSERT_EQ(ops[i], i);
+  }
+  auto metrics = testing::HttpGet(d->http(), "/metrics");
+  ASSERT_TRUE(metrics.ok());
+  // Phase 4 alone resent every batch; phase 3 may have resent a few whose
+  // ack was merely late.
+  EXPECT_GE(Metric(metrics->body, "opguard_batches_total{result=\"duplicate\"}"), kRanks * kBatches);
+  EXPECT_EQ(d->Stop(), 0);
+}
+
+TEST_F(DaemonTest, BadInputIsRejectedAndCountedWhileGoodTrafficContinues) {
+  auto d = StartDaemon({"--ingest.max-message-bytes", "1MiB"});
+  RankSender good(d->ingest(), "good", 0, 5, 200);
+  Status good_result;
+  std::thread sender([&] { good_result = good.Run(150, Clock::now() + 60s, 4); });
+
+  const std::string valid = testing::MakeBatch("bad", 1, 9, 0, 0, 10, {});
+  struct Case {
+    const char* what;
+    std::string frame;
+    const char* error;
+  };
+  BatchOptions big;
+  BatchOptions major;
+  major.schema_major = 9;
+  flatbuffers::FlatBufferBuilder list;
+  wire::FinishEnvelope(list, wire::CreateListRunsRequest(list));
+  std::vector<Case> cases = {
+      {"garbage", std::string(4096, 'x'), "missing identifier"},
+      {"truncated", valid.substr(0, valid.size() / 2), "verification"},
+      {"oversized", testing::MakeBatch("bad", 1, 9, 1, 0, 3000, big), "exceeds the limit"},
+      {"wrong major", testing::MakeBatch("bad", 1, 9, 2, 0, 10, major), "schema major 9"},
+      {"not a batch", std::string(reinterpret_cast<const char*>(list.GetBufferPointer()), list.GetSize()),
+       "expected a Batch"},
+      {"bad run name", testing::MakeBatch("a/b", 1, 9, 3, 0, 10, {}), "invalid run name"},
+      {"empty", std::string(), "missing identifier"},
+  };
+  ASSERT_GT(cases[2].frame.size(), 1u << 20);
+  ASSERT_LT(cases[2].frame.size(), 2u << 20);
+  for (const auto& c : cases) {
+    auto reply = testing::SendRaw(d->ingest(), c.frame, 10s);
+    ASSERT_TRUE(reply.ok()) << c.what << ": " << reply.status().message();
+    const std::string ack = testing::DescribeAck(*reply);
+    EXPECT_EQ(ack.rfind("rejected: ", 0), 0u) << c.what << ": " << ack;
+    EXPECT_NE(ack.find(c.error), std::string::npos) << c.what << ": " << ack;
+  }
+  // Beyond twice the limit ZeroMQ drops the connection without reading it.
+  auto huge = testing::SendRaw(d->ingest(), std::string(3u << 20, 'y'), 1500ms);
+  EXPECT_FALSE(huge.ok());
+
+  sender.join();
+  ASSERT_TRUE(good_result.ok()) << good_result.message();
+  EXPECT_EQ(good.rejected(), 0u);
+  EXPECT_EQ(std::get<0>(Ranks(*d, "good")[0]), 150u * 200);
+  EXPECT_TRUE(Ranks(*d, "bad").empty());
+  auto metrics = testing::HttpGet(d->http(), "/metrics");
+  ASSERT_TRUE(metrics.ok());
+  const std::string& m = metrics->body;
+  EXPECT_EQ(Metric(m, "opguard_batches_rejected_total{reason=\"not_opguard\"}"), 2u);
+  EXPECT_EQ(Metric(m, "opguard_batches_rejected_total{reason=\"malformed\"}"), 1u);
+  EXPECT_EQ(Metric(m, "opguard_batches_rejected_total{reason=\"oversized\"}"), 1u);
+  EXPECT_EQ(Metric(m, "opguard_batches_rejected_total{reason=\"schema_major\"}"), 1u);
+  EXPECT_EQ(Metric(m, "opguard_batches_rejected_total{reason=\"wrong_message\"}"), 1u);
+  EXPECT_EQ(Metric(m, "opguard_batches_rejected_total{reason=\"invalid_batch\"}"), 1u);
+  EXPECT_EQ(Metric(m, "opguard_batches_total{result=\"durable\"}"), 150u);
+  EXPECT_TRUE(d->Running());
+  EXPECT_EQ(d->Stop(), 0);
+}
+
+TEST_F(DaemonTest, HttpJsonAndMetrics) {
+  auto d = StartDaemon();
+  BatchOptions o;
+  o.steps_every = 10;
+  RankSender sender(d->ingest(), "web", 2, 11, 50, o);
+  ASSERT_TRUE(sender.Run(4, Clock::now() + 30s).ok());
+
+  auto status = testing::HttpGet(d->http(), "/api/status");
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->status, 200);
+  auto sj = nlohmann::json::parse(status->body);
+  EXPECT_EQ(sj["runs"], 1);
+  EXPECT_EQ(sj["http"], d->http());
+  EXPECT_EQ(sj["ingest"], d->ingest());
+  EXPECT_EQ(sj["records_ingested"], 200);
+
+  auto runs = testing::HttpGet(d->http(), "/api/runs");
+  ASSERT_TRUE(runs.ok());
+  auto rj = nlohmann::json::parse(runs->body);
+  ASSERT_EQ(rj["runs"].size(), 1u);
+  EXPECT_EQ(rj["runs"][0]["name"], "web");
+  EXPECT_EQ(rj["runs"][0]["ranks"][0]["rank"], 2);
+  EXPECT_EQ(rj["runs"][0]["ranks"][0]["ops"], 200);
+  EXPECT_EQ(rj["runs"][0]["ranks"][0]["steps"], 20);
+  EXPECT_EQ(rj["runs"][0]["determinism"]["deterministic_algorithms"], "true");
+
+  auto one = testing::HttpGet(d->http(), "/api/runs/web");
+  ASSERT_TRUE(one.ok());
+  EXPECT_EQ(one->status, 200);
+  EXPECT_EQ(nlohmann::json::parse(one->body)["ops"], 200);
+
+  auto trace = testing::HttpGet(d->http(), "/api/runs/web/ranks/2/trace?from=5&max=3");
+  ASSERT_TRUE(trace.ok());
+  ASSERT_EQ(trace->status, 200) << trace->body;
+  auto tj = nlohmann::json::parse(trace->body);
+  ASSERT_EQ(tj["ops"].size(), 3u);
+  EXPECT_EQ(tj["ops"][0]["op_index"], 5);
+  EXPECT_EQ(tj["ops"][2]["op_index"], 7);
+  EXPECT_EQ(tj["ops"][0]["name"], testing::OpName(5));
+  EXPECT_EQ(tj["ops"][0]["site"]["file"], "train.py");
+  EXPECT_EQ(tj["ops"][0]["site"]["function"], "forward");
+  EXPECT_EQ(tj["ops"][0]["inputs"][2]["kind"], "scalar");
+  EXPECT_EQ(tj["ops"][0]["inputs"][2]["bits"], 1077936128);
+  EXPECT_EQ(tj["ops"][0]["outputs"][0]["fingerprint"].get<std::string>().size(), 32u);
+  EXPECT_EQ(tj["ops"][0]["kernels"][0], "ampere_bf16_gemm");
+  EXPECT_EQ(tj["next_op"], 8);
+  EXPECT_EQ(tj["done"], false);
+  auto last = testing::HttpGet(d->http(), "/api/runs/web/ranks/2/trace?from=190&max=100");
+  ASSERT_TRUE(last.ok());
+  auto lj = nlohmann::json::parse(last->body);
+  EXPECT_EQ(lj["ops"].size(), 10u);
+  EXPECT_EQ(lj["done"], true);
+
+  EXPECT_EQ(testing::HttpGet(d->http(), "/api/runs/nope")->status, 404);
+  EXPECT_EQ(testing::HttpGet(d->http(), "/api/runs/web/ranks/9/trace")->status, 404);
+  EXPECT_EQ(testing::HttpGet(d->http(), "/api/runs/web/ranks/2/trace?max=abc")->status, 400);
+  EXPECT_EQ(testing::HttpGet(d->http(), "/nope")->status, 404);
+  EXPECT_EQ(testing::HttpGet(d->http(), "/healthz")->status, 200);
+
+  auto metrics = testing::HttpGet(d->http(), "/metrics");
+  ASSERT_TRUE(metrics.ok());
+  const std::string& m = metrics->body;
+  EXPECT_EQ(Metric(m, "opguard_records_ingested_total{kind=\"op\"}"), 200u);
+  EXPECT_EQ(Metric(m, "opguard_records_ingested_total{kind=\"step\"}"), 20u);
+  EXPECT_EQ(Metric(m, "opguard_ack_latency_seconds_count"), 4u);
+  EXPECT_EQ(Metric(m, "opguard_runs"), 1u);
+  EXPECT_NE(Metric(m, "opguard_ingest_bytes_total"), UINT64_MAX);
+  EXPECT_NE(Metric(m, "opguard_rocksdb_sst_bytes{cf=\"ops\"}"), UINT64_MAX);
+  EXPECT_NE(m.find("# TYPE opguard_ack_latency_seconds histogram"), std::string::npos);
+  EXPECT_NE(m.find("opguard_ack_latency_seconds_bucket{le=\"+Inf\"} 4"), std::string::npos);
+  EXPECT_EQ(d->Stop(), 0);
+}
+
+TEST_F(DaemonTest, CliAgainstARealDaemon) {
+  auto d = StartDaemon();
+  RankSender sender(d->ingest(), "cli-run", 0, 3, 100);
+  ASSERT_TRUE(sender.Run(3, Clock::now() + 30s).ok());
+  const std::string cli = std::string(OPGUARD_CLI_PATH) + " ";
+  const std::string at = " --daemon " + d->query();
+
+  auto status = testing::RunCommand(cli + "status" + at);
+  EXPECT_EQ(status.exit_code, 0) << status.output;
+  EXPECT_NE(status.output.find("runs      1"), std::string::npos) << status.output;
+  EXPECT_NE(status.output.find(d->http()), std::string::npos) << status.output;
+
+  auto runs = testing::RunCommand(cli + "runs" + at);
+  EXPECT_EQ(runs.exit_code, 0) << runs.output;
+  EXPECT_NE(runs.output.find("cli-run"), std::string::npos) << runs.output;
+  EXPECT_NE(runs.output.find("300"), std::string::npos) << runs.output;
+
+  auto json = testing::RunCommand(cli + "runs --json" + at);
+  ASSERT_EQ(json.exit_code, 0) << json.output;
+  auto j = nlohmann::json::parse(json.output);
+  EXPECT_EQ(j["runs"][0]["name"], "cli-run");
+  EXPECT_EQ(j["runs"][0]["ranks"][0]["ops"], 300);
+
+  auto rm = testing::RunCommand(cli + "rm cli-run" + at);
+  EXPECT_EQ(rm.exit_code, 0) << rm.output;
+  auto after = testing::RunCommand(cli + "runs --json" + at);
+  EXPECT_TRUE(nlohmann::json::parse(after.output)["runs"].empty()) << after.output;
+  DaemonClient client(d->query());
+  EXPECT_FALSE(client.ReadTrace("cli-run", 0, 0, 0, 10).ok());
+  auto again = testing::RunCommand(cli + "rm cli-run" + at);
+  EXPECT_EQ(again.exit_code, 1);
+  EXPECT_NE(again.output.find("no run named 'cli-run'"), std::string::npos) << again.output;
+
+  // A re-sent run after rm starts afresh (new run id, no stale records).
+  RankSender resend(d->ingest(), "cli-run", 0, 4, 10);
+  ASSERT_TRUE(resend.Run(1, Clock::now() + 30s).ok());
+  auto reread = ReadAll(*d, "cli-run", 0);
+  EXPECT_EQ(reread.size(), 10u);
+
+  // Unreachable daemon: one line, non-zero, bounded.
+  const auto start = Clock::now();
+  auto down = testing::RunCommand(cli + "status --timeout 1 --daemon ipc://" + dir_.path() + "/nobody.sock");
+  EXPECT_LT(Clock::now() - start, 10s);
+  EXPECT_EQ(down.exit_code, 1);
+  EXPECT_NE(down.output.find("daemon not reachable at ipc://"), std::string::npos) << down.output;
+  EXPECT_EQ(std::count(down.output.begin(), down.output.end(), '\n'), 1) << down.output;
+  auto usage = testing::RunCommand(cli + "rm" + at);
+  EXPECT_EQ(usage.exit_code, 2);
+  EXPECT_EQ(d->Stop(), 0);
+}
+
+TEST_F(DaemonTest, RetentionRemovesOldRunsButNeverTheNewest) {
+  auto d = StartDaemon({"--retention.max-age", "1s", "--retention.interval", "1s"});
+  RankSender a(d->ingest(), "old", 0, 1, 10);
+  ASSERT_TRUE(a.Run(2, Clock::now() + 30s).ok());
+  std::this_thread::sleep_for(1500ms);
+  RankSender b(d->ingest(), "new", 0, 2, 10);
+  ASSERT_TRUE(b.Run(2, Clock::now() + 30s).ok());
+  bool old_gone = false;
+  for (int i = 0; i < 100 && !old_gone; ++i) {
+    old_gone = Ranks(*d, "old").empty();
+    std::this_thread::sleep_for(100ms);
+  }
+  EXPECT_TRUE(old_gone);
+  // "new" is the most recently active run: kept although older than 1 s by now.
+  std::this_thread::sleep_for(2500ms);
+  EXPECT_EQ(Ranks(*d, "new").size(), 1u);
+  EXPECT_EQ(d->Stop(), 0);
+}
+
+TEST_F(DaemonTest, UnixSocketPermissionsAndRefusedSecondDaemon) {
+  auto d = StartDaemon();
+  struct stat st{};
+  ASSERT_EQ(::stat((dir_.path() + "/ingest.sock").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0666u);
+  // A second daemon on the same data dir fails fast with a clear error and
+  // does not take over the first one's sockets.
+  auto second = testing::RunCommand(std::string(OPGUARDD_PATH) + " --local " + dir_.path() + " --http 127.0.0.1:0", 20);
+  EXPECT_EQ(second.exit_code, 1) << second.output;
+  EXPECT_NE(second.output.find("cannot open store"), std::string::npos) << second.output;
+  DaemonClient client(d->query());
+  EXPECT_TRUE(client.Status().ok());
+  RankSender sender(d->ingest(), "still-mine", 0, 1, 10);
+  EXPECT_TRUE(sender.Run(1, Clock::now() + 20s).ok());
+  EXPECT_EQ(d->Stop(), 0);
+}
+
+TEST_F(DaemonTest, LoadgenEightRanks) {
+  if (!std::filesystem::exists(OPGUARD_LOADGEN_PATH)) GTEST_SKIP() << "opguard-loadgen not built";
+  auto d = StartDaemon();
+  auto out = testing::RunCommand(std::string(OPGUARD_LOADGEN_PATH) + " --run lg --ranks 8 --ops 3000 --collective-every 100 --endpoint " +
+                                     d->ingest() + " --json 2>/dev/null",
+                                 120);
+  ASSERT_EQ(out.exit_code, 0) << out.output;
+  auto j = nlohmann::json::parse(out.output.substr(out.output.find('{')), nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << out.output;
+  ASSERT_TRUE(j["all_acknowledged"].get<bool>()) << out.output;
+  auto ranks = Ranks(*d, "lg");
+  ASSERT_EQ(ranks.size(), 8u);
+  for (const auto& r : j["per_rank"]) {
+    const uint32_t rank = r["rank"].get<uint32_t>();
+    EXPECT_EQ(std::get<0>(ranks[rank]), r["ops"].get<uint64_t>()) << "rank " << rank;
+    EXPECT_EQ(std::get<1>(ranks[rank]), r["collectives"].get<uint64_t>()) << "rank " << rank;
+    EXPECT_EQ(ReadAll(*d, "lg", rank).size(), r["ops"].get<uint64_t>()) << "rank " << rank;
+  }
+  EXPECT_EQ(d->Stop(), 0);
+}
+
+}  // namespace
+}  // namespace opguard::daemon
