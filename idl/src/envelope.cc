@@ -1,5 +1,7 @@
 #include "opguard/idl/envelope.h"
 
+#include <cstring>
+
 namespace opguard::wire {
 
 void FinishEnvelope(flatbuffers::FlatBufferBuilder& builder, Message type,
@@ -32,7 +34,21 @@ Result<const Envelope*> OpenEnvelope(const void* data, size_t size, size_t max_b
     return InvalidArgument("unknown message type " +
                            std::to_string(static_cast<int>(envelope->message_type())));
   }
+  // The Verifier accepts a union whose type is set but whose table is absent;
+  // every reader calls message_as_<T>() and dereferences it.
+  if (envelope->message() == nullptr) return InvalidArgument("message type set but body missing");
   return envelope;
+}
+
+Result<const Envelope*> OpenEnvelope(const void* data, size_t size, AlignedStorage& storage,
+                                     size_t max_bytes) {
+  // Oversized and too-short input is refused without a copy.
+  if (size > max_bytes || size < 8 || reinterpret_cast<uintptr_t>(data) % kBufferAlignment == 0) {
+    return OpenEnvelope(data, size, max_bytes);
+  }
+  storage.resize((size + sizeof(uint64_t) - 1) / sizeof(uint64_t));
+  std::memcpy(storage.data(), data, size);
+  return OpenEnvelope(storage.data(), size, max_bytes);
 }
 
 }  // namespace opguard::wire

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -52,6 +53,39 @@ TEST(Envelope, RefusesOtherMajorWithClearMessage) {
   ASSERT_FALSE(envelope.ok());
   EXPECT_NE(envelope.status().message().find("schema major 2 not supported"), std::string::npos)
       << envelope.status().message();
+}
+
+TEST(Envelope, RefusesATypeWithoutItsMessage) {
+  // The Verifier accepts a union type whose table is absent; readers would
+  // dereference message_as_<type>().
+  flatbuffers::FlatBufferBuilder b;
+  Version version(kSchemaMajor, kSchemaMinor);
+  b.Finish(CreateEnvelope(b, &version, Message::Ack, 0), EnvelopeIdentifier());
+  auto envelope = OpenEnvelope(b.GetBufferPointer(), b.GetSize());
+  ASSERT_FALSE(envelope.ok());
+  EXPECT_NE(envelope.status().message().find("body missing"), std::string::npos)
+      << envelope.status().message();
+}
+
+TEST(Envelope, OpensBytesAtAnyAddress) {
+  auto bytes = MakeBatch();
+  // A received frame may start at any offset of the receiver's buffer.
+  for (size_t offset = 0; offset < kBufferAlignment; ++offset) {
+    std::vector<uint64_t> backing(bytes.size() / 8 + 2);
+    auto* at = reinterpret_cast<uint8_t*>(backing.data()) + offset;
+    std::memcpy(at, bytes.data(), bytes.size());
+    AlignedStorage storage;
+    auto envelope = OpenEnvelope(at, bytes.size(), storage);
+    ASSERT_TRUE(envelope.ok()) << "offset " << offset << ": " << envelope.status().ToString();
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(*envelope) % alignof(uint32_t), 0u);
+    const Batch* batch = (*envelope)->message_as_Batch();
+    ASSERT_NE(batch, nullptr);
+    EXPECT_EQ(batch->run()->str(), "run-a");
+    EXPECT_EQ(batch->session(), 7u);
+    ASSERT_EQ(batch->ops()->size(), 3u);
+    EXPECT_EQ(batch->ops()->Get(2)->op_index(), 2u);
+    EXPECT_FALSE(OpenEnvelope(at, bytes.size(), storage, bytes.size() - 1).ok());
+  }
 }
 
 TEST(Envelope, RejectsOversizedGarbageAndTruncated) {

@@ -52,6 +52,10 @@ class ApiTest : public ::testing::Test {
   ChildResult Run(std::vector<std::string> args, std::map<std::string, std::string> env,
                   int timeout_s = 20) {
     std::vector<std::string> envs = {"PATH=/usr/bin:/bin"};
+    // A sanitizer build's options (scripts/sanitize.sh) hold for the child too.
+    for (const char* var : {"ASAN_OPTIONS", "LSAN_OPTIONS", "UBSAN_OPTIONS", "TSAN_OPTIONS"}) {
+      if (const char* v = std::getenv(var); v != nullptr && env.count(var) == 0) env[var] = v;
+    }
     for (const auto& [k, v] : env) envs.push_back(k + "=" + v);
     std::vector<char*> envp;
     for (auto& e : envs) envp.push_back(e.data());

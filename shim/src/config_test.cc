@@ -73,7 +73,8 @@ TEST(ShimConfig, RunName) {
   auto c = Parse({{"OPGUARD", "1"}, {"OPGUARD_RUN", "gpt-7b_ref.2"}});
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(c->run, "gpt-7b_ref.2");
-  for (const char* v : {"", "has space", "a/b", "ü", std::string(129, 'a').c_str()}) {
+  const std::string too_long(129, 'a');
+  for (const char* v : {"", "has space", "a/b", "ü", too_long.c_str()}) {
     ExpectBad({{"OPGUARD", "1"}, {"OPGUARD_RUN", v}}, "OPGUARD_RUN");
   }
 }

@@ -148,6 +148,7 @@ Status Core::StartSender() {
   pthread_sigmask(SIG_SETMASK, &all, &old);
   try {
     sender_ = std::thread([this] { SenderMain(); });
+    sender_started_ = true;
   } catch (const std::exception& e) {
     pthread_sigmask(SIG_SETMASK, &old, nullptr);
     return Internal(std::string("cannot start the sender thread: ") + e.what());
@@ -158,10 +159,11 @@ Status Core::StartSender() {
 
 Core::~Core() {
   (void)Shutdown(0);
-  if (sender_.joinable()) {
-    // Shutdown gave up waiting: the thread still uses the context, so leak it.
-    sender_.detach();
-    (void)ctx_.release();
+  if (sender_started_) {
+    // A sender that Shutdown gave up on (detached) still uses this object
+    // until it ends, one loop turn past its deadline (now).
+    std::unique_lock<std::mutex> lock(wait_mu_);
+    wait_cv_.wait(lock, [&] { return sender_done_; });
   }
   if (wake_fd_ >= 0) ::close(wake_fd_);
 }
@@ -626,11 +628,19 @@ int Core::Shutdown(uint32_t timeout_ms) {
   Wake();
   // The sender gives up by the deadline itself; the grace covers one loop turn.
   wait_cv_.wait_until(lock, deadline + milliseconds(1000), [&] { return sender_done_; });
-  bool done = sender_done_;
-  bool clean = shutdown_clean_;
-  lock.unlock();
-  if (done && sender_.joinable()) sender_.join();
-  return done && clean ? OPGUARD_OK : OPGUARD_ERR_TIMEOUT;
+  // sender_ is joined or detached under wait_mu_, so two callers (the exit
+  // handler and a host thread) never both do it. A done sender never takes
+  // wait_mu_ again, so joining it here cannot deadlock. One that is not done
+  // yet (a long last encode) is detached rather than left joinable: it ends on
+  // its own, and at exit the process must not wait for it.
+  if (sender_.joinable()) {
+    if (sender_done_) {
+      sender_.join();
+    } else {
+      sender_.detach();
+    }
+  }
+  return sender_done_ && shutdown_clean_ ? OPGUARD_OK : OPGUARD_ERR_TIMEOUT;
 }
 
 // ---------------------------------------------------------------------------
@@ -705,11 +715,12 @@ void Core::CutAndEncode(bool end_of_run) {
 }
 
 void Core::ReceiveAcks(zmq::socket_t& sock) {
+  wire::AlignedStorage aligned;  // ZeroMQ frames may start at any address
   for (int i = 0; i < 100000; ++i) {
     zmq::message_t msg;
     auto got = sock.recv(msg, zmq::recv_flags::dontwait);
     if (!got) break;
-    auto env = wire::OpenEnvelope(msg.data(), msg.size(), kMaxAckBytes);
+    auto env = wire::OpenEnvelope(msg.data(), msg.size(), aligned, kMaxAckBytes);
     if (!env.ok() || (*env)->message_type() != wire::Message::Ack) {
       OPGUARD_LOG(LogLevel::kDebug, "ignoring a message from the daemon that is not an Ack");
       continue;

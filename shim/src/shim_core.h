@@ -49,7 +49,8 @@ class Core {
   // Creates the core and starts the sender thread; errors (socket, thread)
   // come back as a Status for the caller to log. Any thread, once.
   static Result<std::unique_ptr<Core>> Start(const Config& config);
-  // Stops the sender without waiting for acknowledgements.
+  // Stops the sender without waiting for acknowledgements; blocks only until
+  // the sender's current loop turn ends.
   ~Core();
   Core(const Core&) = delete;
   Core& operator=(const Core&) = delete;
@@ -74,7 +75,8 @@ class Core {
 
   // ---- waiting calls: any host thread, bounded by timeout_ms --------------
   int Flush(uint32_t timeout_ms);
-  // end_of_run, flush, stop the sender. Idempotent.
+  // end_of_run, flush, stop the sender. Idempotent. A sender still busy at
+  // the deadline (plus one loop turn of grace) is detached and ends by itself.
   int Shutdown(uint32_t timeout_ms);
 
   // In a forked child: stop accepting; touches no lock, socket or thread.
@@ -164,8 +166,9 @@ class Core {
   std::atomic<bool> flush_pending_{false};  // cheap check for the sender loop
 
   // ---- sender thread only ----------------------------------------------------------
-  std::unique_ptr<zmq::context_t> ctx_;  // leaked if the sender could not be joined
-  std::thread sender_;
+  std::unique_ptr<zmq::context_t> ctx_;
+  std::thread sender_;           // joined or detached under wait_mu_ (Shutdown)
+  bool sender_started_ = false;  // set once by StartSender, before the Core is shared
   BatchEncoder encoder_;
   StagingBuffer spare_;
   uint64_t next_seq_ = 0;

@@ -76,7 +76,8 @@ bool FakeDaemon::WaitFor(const std::function<bool(const Received&)>& pred, int t
 }
 
 void FakeDaemon::Handle(zmq::socket_t& sock, const zmq::message_t& id, const zmq::message_t& msg) {
-  auto env = w::OpenEnvelope(msg.data(), msg.size());
+  w::AlignedStorage aligned;
+  auto env = w::OpenEnvelope(msg.data(), msg.size(), aligned);
   std::unique_lock<std::mutex> lock(mu_);
   ++received_.messages;
   if (!env.ok() || (*env)->message_type() != w::Message::Batch) {

@@ -91,6 +91,7 @@ class Peer {
       zmq_pollitem_t item{sock.handle(), 0, ZMQ_POLLIN, 0};
       zmq::poll(&item, 1, std::chrono::milliseconds(10));
       zmq::message_t id, msg;
+      w::AlignedStorage aligned;
       while (sock.recv(id, zmq::recv_flags::dontwait)) {
         if (!sock.recv(msg, zmq::recv_flags::none)) break;
         if (crash_budget_ >= 0) {
@@ -101,7 +102,7 @@ class Peer {
           }
           continue;
         }
-        auto env = w::OpenEnvelope(msg.data(), msg.size());
+        auto env = w::OpenEnvelope(msg.data(), msg.size(), aligned);
         std::unique_lock<std::mutex> lock(mu_);
         if (!env.ok() || (*env)->message_type() != w::Message::Batch || msg.more()) {
           ++store_.invalid;
@@ -163,6 +164,10 @@ class ShimIntegration : public ::testing::Test {
     argv.push_back(nullptr);
     env.insert({"PATH", "/usr/bin:/bin"});
     env.insert({"OPGUARD_ACK_TIMEOUT_MS", "300"});
+    // A sanitizer build's options (scripts/sanitize.sh) hold for loadgen too.
+    for (const char* var : {"ASAN_OPTIONS", "LSAN_OPTIONS", "UBSAN_OPTIONS", "TSAN_OPTIONS"}) {
+      if (const char* v = std::getenv(var)) env.insert({var, v});
+    }
     std::vector<std::string> envs;
     for (const auto& [k, v] : env) envs.push_back(k + "=" + v);
     std::vector<char*> envp;
