@@ -15,7 +15,7 @@ PACKAGES=(
   libxxhash-dev                             # string ids; XXH3 benchmark baseline
   nlohmann-json3-dev                        # JSON reports and HTTP answers
   libgtest-dev libgmock-dev libbenchmark-dev
-  python3 python3-torch libtorch-dev        # PyTorch adapter and end-to-end tests
+  python3 python3-dev python3-torch libtorch-dev   # PyTorch adapter and end-to-end tests
   procps psmisc                             # pgrep/kill in integration tests
   systemd                                   # systemd-analyze verify on the unit
 )

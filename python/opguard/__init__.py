@@ -1,0 +1,140 @@
+"""OpGuard's PyTorch integration.
+
+With OPGUARD=1 in the environment, the `opguard-autoload.pth` hook installed
+beside this package enables recording as soon as the training program imports
+torch — no change to the training code. Explicit use:
+
+    import opguard
+    opguard.enable()      # same as the hook does
+    opguard.mark_step()   # step boundary for loops without torch.optim
+
+Everything here follows the shim's rule: never raise into, block or crash the
+training process. Failures print one warning line and recording stays off.
+"""
+import ctypes
+import os
+import sys
+
+__all__ = ["enable", "enabled", "mark_step", "counters"]
+
+_LIB_DIR = os.environ.get("OPGUARD_LIBDIR") or os.path.join(os.path.dirname(__file__), "lib")
+_state = {"shim": None, "torch": None, "enabled": False, "pending_rank": False}
+
+
+def _warn(message):
+    sys.stderr.write(f"opguard-torch warning: {message}\n")
+
+
+def _load():
+    if _state["torch"] is None:
+        shim = ctypes.CDLL(os.path.join(_LIB_DIR, "libopguard_shim.so"), mode=ctypes.RTLD_GLOBAL)
+        adapter = ctypes.CDLL(os.path.join(_LIB_DIR, "libopguard_torch.so"))
+        shim.opguard_set_run_info.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p]
+        shim.opguard_init.restype = ctypes.c_int
+        shim.opguard_enabled.restype = ctypes.c_int
+        adapter.opguard_torch_enable.argtypes = [ctypes.c_int, ctypes.c_char_p]
+        adapter.opguard_torch_enable.restype = ctypes.c_int
+        adapter.opguard_torch_mark_step.restype = ctypes.c_uint64
+        adapter.opguard_torch_step.restype = ctypes.c_uint64
+        adapter.opguard_torch_lane.restype = ctypes.c_uint32
+        _state["shim"], _state["torch"] = shim, adapter
+    return _state["shim"], _state["torch"]
+
+
+def _has_rank_env():
+    return any(v in os.environ for v in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"))
+
+
+def _skip_prefixes():
+    """Path prefixes that are not user code: torch, OpGuard, the standard library."""
+    import sysconfig
+    import torch
+    prefixes = {os.path.dirname(torch.__file__) + os.sep, os.path.dirname(__file__) + os.sep}
+    for key in ("stdlib", "platstdlib"):
+        path = sysconfig.get_paths().get(key)
+        if path:
+            prefixes.add(path + os.sep)
+    return ":".join(sorted(prefixes))
+
+
+def enable(depth=None):
+    """Starts recording this process's ops. Returns True if recording.
+
+    depth: "top" (default: the top-level aten op of each call from user code)
+    or "all" (every aten op); OPGUARD_DEPTH sets the default.
+    """
+    try:
+        import torch  # noqa: F401  (the adapter needs torch's libraries loaded)
+        from . import _collectives, _determinism
+        shim, adapter = _load()
+        depth = depth or os.environ.get("OPGUARD_DEPTH", "top")
+        if depth not in ("top", "all"):
+            _warn(f"OPGUARD_DEPTH={depth!r} is not 'top' or 'all'; recording stays off")
+            return False
+        if shim.opguard_init() != 1:
+            return False
+        _determinism.apply(shim)
+        skip = _skip_prefixes()
+        _collectives.install(shim, adapter, skip)
+        shim.opguard_set_run_info(1, b"", b"pytorch")
+        shim.opguard_set_run_info(3, b"torch", torch.__version__.encode())
+        shim.opguard_set_run_info(3, b"python", sys.version.split()[0].encode())
+        ok = adapter.opguard_torch_enable(1 if depth == "all" else 0, skip.encode()) == 1
+        _state["enabled"] = ok
+        return ok
+    except Exception as e:  # never into the training program
+        _warn(f"could not enable recording ({e}); training continues without it")
+        return False
+
+
+def enabled():
+    return _state["enabled"]
+
+
+def mark_step():
+    """Marks a step boundary explicitly (torch.optim steps are detected on their own)."""
+    if _state["enabled"]:
+        return int(_state["torch"].opguard_torch_mark_step())
+    return 0
+
+
+class _Counters(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("enabled", ctypes.c_uint32)] + [
+        (name, ctypes.c_uint64) for name in (
+            "records_enqueued", "records_dropped", "records_invalid", "records_sent",
+            "records_acked", "records_rejected", "batches_sent", "batches_acked",
+            "batches_resent", "batches_rejected", "gaps_reported", "ops_missing", "bytes_sent",
+            "buffered_bytes", "pending_batches")]
+
+
+def counters():
+    """The shim's counters as a dict (all zero when not recording)."""
+    if _state["shim"] is None:
+        return {}
+    c = _Counters()
+    c.struct_size = ctypes.sizeof(_Counters)
+    _state["shim"].opguard_get_counters(ctypes.byref(c))
+    return {name: getattr(c, name) for name, _ in _Counters._fields_[1:]}
+
+
+def _autoload_enable():
+    """Called by the import hook once torch is imported (OPGUARD=1)."""
+    if _is_launcher():
+        return
+    if _has_rank_env():
+        enable()
+    else:
+        # torch.multiprocessing.spawn children and plain `python train.py`:
+        # the rank is known once the process group exists.
+        from . import _collectives
+        _collectives.enable_at_init_process_group(enable)
+
+
+def _is_launcher():
+    """torchrun / torch.distributed.launch parents start ranks; they train nothing."""
+    argv0 = os.path.basename(sys.argv[0]) if sys.argv else ""
+    if argv0 in ("torchrun",):
+        return True
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    return spec is not None and spec.name in ("torch.distributed.run", "torch.distributed.launch")

@@ -1,0 +1,156 @@
+"""Shared pieces of the end-to-end tests: a real opguardd in a temporary
+directory, the real `opguard` CLI, and real multi-rank PyTorch training with
+the `opguard` package activated the way users activate it (the .pth hook in a
+site directory, OPGUARD=1 in the environment).
+
+Paths come from ctest's environment (tests/e2e/CMakeLists.txt):
+OPGUARDD, OPGUARD_CLI, OPGUARD_PYTHON_STAGE.
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TRAIN = os.path.join(HERE, "train_gpt.py")
+PYTHON = "/usr/bin/python3"  # Debian's interpreter: the one with torch
+
+
+def _required(name):
+    value = os.environ.get(name)
+    if not value:
+        raise unittest.SkipTest(f"{name} is not set (run through ctest)")
+    return value
+
+
+class UserSite:
+    """A user site directory holding the installed layout: the opguard package
+    and opguard-autoload.pth. PYTHONUSERBASE points Python at it."""
+
+    def __init__(self, root):
+        stage = _required("OPGUARD_PYTHON_STAGE")
+        self.base = os.path.join(root, "userbase")
+        ver = f"python{sys.version_info.major}.{sys.version_info.minor}"
+        out = subprocess.run([PYTHON, "-c", "import sys; print(f'python{sys.version_info.major}."
+                              "{sys.version_info.minor}')"], capture_output=True, text=True)
+        ver = out.stdout.strip() or ver
+        self.site = os.path.join(self.base, "lib", ver, "site-packages")
+        os.makedirs(self.site)
+        shutil.copytree(os.path.join(stage, "opguard"), os.path.join(self.site, "opguard"))
+        shutil.copy(os.path.join(stage, "opguard-autoload.pth"), self.site)
+
+    def env(self, **extra):
+        env = dict(os.environ)
+        for key in ("OPGUARD", "OPGUARD_RUN", "RANK", "WORLD_SIZE", "LOCAL_RANK",
+                    "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PYTHONPATH"):
+            env.pop(key, None)
+        env.pop("PYTHONNOUSERSITE", None)
+        env["PYTHONUSERBASE"] = self.base
+        env["OMP_NUM_THREADS"] = "1"
+        env.update({k: str(v) for k, v in extra.items()})
+        return env
+
+
+class Daemon:
+    """opguardd --local DIR, stopped with SIGTERM (then SIGKILL) at close."""
+
+    def __init__(self, root):
+        self.root = os.path.join(root, "daemon")
+        os.makedirs(self.root)
+        self.log = open(os.path.join(self.root, "opguardd.log"), "w")
+        self.proc = subprocess.Popen(
+            [_required("OPGUARDD"), "--local", self.root, "--http", "127.0.0.1:0"],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        self.ingest = f"ipc://{self.root}/ingest.sock"
+        self.query = f"ipc://{self.root}/query.sock"
+        deadline = time.time() + 30
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"opguardd exited with {self.proc.returncode}: {self.log_text()}")
+            result = self.cli("status", "--json", check=False)
+            if result.returncode == 0:
+                self.status = json.loads(result.stdout)
+                break
+            if time.time() > deadline:
+                raise RuntimeError("opguardd did not answer within 30 s: " + self.log_text())
+            time.sleep(0.1)
+
+    def log_text(self):
+        self.log.flush()
+        with open(self.log.name) as f:
+            return f.read()[-4000:]
+
+    def cli(self, *args, check=True, timeout=120):
+        result = subprocess.run([_required("OPGUARD_CLI"), *args, "--daemon", self.query],
+                                capture_output=True, text=True, timeout=timeout)
+        if check and result.returncode != 0:
+            raise AssertionError(f"opguard {' '.join(args)} failed ({result.returncode}): "
+                                 f"{result.stderr}{result.stdout}")
+        return result
+
+    def cli_json(self, *args):
+        return json.loads(self.cli(*args, "--json").stdout)
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+def train(site, daemon, run, ranks=4, steps=3, fault="", launcher="spawn", extra_env=None,
+          timeout=300, args=None):
+    """Trains train_gpt.py on `ranks` gloo ranks with OPGUARD=1; returns the
+    CompletedProcess (stdout has the loss lines)."""
+    env = site.env(OPGUARD=1, OPGUARD_RUN=run, OPGUARD_ENDPOINT=daemon.ingest,
+                   OPGUARD_FLUSH_TIMEOUT_MS=20000, **(extra_env or {}))
+    args = ["--steps", str(steps)] + (["--fault", fault] if fault else []) + list(args or [])
+    if launcher == "spawn":
+        cmd = [PYTHON, TRAIN, "--spawn", str(ranks), *args]
+    else:
+        port = 20000 + (os.getpid() * 7 + len(run) * 131) % 20000
+        # Debian's torch 1.13 on Python 3.11 cannot parse torchrun's default
+        # "--redirects 0 --tee 0" (Std.NONE is no longer iterated by enum), so
+        # name the per-rank streams explicitly: stdout to log files, tee'd.
+        streams = ",".join(f"{r}:1" for r in range(ranks))
+        cmd = [PYTHON, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
+               "--master_port", str(port), "--redirects", streams, "--tee", streams,
+               "--log_dir", os.path.join(os.path.dirname(daemon.root), f"torchrun-{run}"),
+               TRAIN, *args]
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    if result.returncode != 0:
+        raise AssertionError(f"training failed ({result.returncode}):\n{result.stderr[-4000:]}")
+    return result
+
+
+class DaemonTestCase(unittest.TestCase):
+    """One daemon and one user site per test class, in a temporary directory."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="opguard-e2e-")
+        cls.site = UserSite(cls.tmp)
+        cls.daemon = Daemon(cls.tmp)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.daemon.close()
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+
+def line_of(path, needle):
+    """1-based line number of the only line of `path` containing `needle`."""
+    with open(path) as f:
+        lines = [i + 1 for i, text in enumerate(f) if needle in text]
+    if len(lines) != 1:
+        raise AssertionError(f"{needle!r} found on lines {lines} of {path}")
+    return lines[0]

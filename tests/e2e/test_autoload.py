@@ -1,0 +1,110 @@
+"""OPGUARD=1 records PyTorch programs with no code change, and only them."""
+import json
+import os
+import subprocess
+import tempfile
+import unittest
+
+import harness
+
+PROBE = """
+import json, sys
+{body}
+maps = open('/proc/self/maps').read()
+print(json.dumps({{
+    'modules': sorted(m for m in sys.modules if m == 'opguard' or m.startswith('opguard.')),
+    'libs': sorted({{l.split('/')[-1] for l in maps.splitlines() if 'libopguard' in l}}),
+    'torch': 'torch' in sys.modules,
+}}))
+"""
+
+
+class AutoloadWithoutDaemon(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory(prefix="opguard-autoload-")
+        cls.site = harness.UserSite(cls.tmp.name)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def probe(self, body, **env):
+        result = subprocess.run([harness.PYTHON, "-c", PROBE.format(body=body)],
+                                env=self.site.env(**env), capture_output=True, text=True,
+                                timeout=120)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        return json.loads(result.stdout.strip().splitlines()[-1]), result.stderr
+
+    def test_unset_loads_nothing_even_with_torch(self):
+        state, stderr = self.probe("import torch; torch.ones(2).add(1)")
+        self.assertEqual(state["modules"], [])
+        self.assertEqual(state["libs"], [])
+        self.assertEqual(stderr, "")
+
+    def test_zero_loads_nothing(self):
+        state, _ = self.probe("import torch", OPGUARD=0)
+        self.assertEqual(state["modules"], [])
+        self.assertEqual(state["libs"], [])
+
+    def test_enabled_process_without_torch_loads_no_library(self):
+        state, stderr = self.probe("pass", OPGUARD=1)
+        self.assertFalse(state["torch"])
+        self.assertEqual(state["libs"], [])  # only the pure-Python hook
+        self.assertEqual(stderr, "")
+
+    def test_enabled_with_rank_loads_adapter_on_torch_import(self):
+        state, _ = self.probe("import torch; torch.ones(2).add(1)", OPGUARD=1, RANK=0,
+                              WORLD_SIZE=1, OPGUARD_ENDPOINT="ipc:///nonexistent/og.sock",
+                              OPGUARD_FLUSH_TIMEOUT_MS=0)
+        self.assertIn("libopguard_torch.so", state["libs"])
+        self.assertIn("libopguard_shim.so", state["libs"])
+
+    def test_bad_depth_turns_recording_off_with_one_line(self):
+        result = subprocess.run(
+            [harness.PYTHON, "-c", "import torch, opguard; torch.ones(1).add(1); "
+             "print(opguard.enabled())"],
+            env=self.site.env(OPGUARD=1, RANK=0, WORLD_SIZE=1, OPGUARD_DEPTH="deep",
+                              OPGUARD_ENDPOINT="ipc:///nonexistent/og.sock",
+                              OPGUARD_FLUSH_TIMEOUT_MS=0),
+            capture_output=True, text=True, timeout=120)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(result.stdout.strip(), "False")
+        warnings = [l for l in result.stderr.splitlines() if "OPGUARD_DEPTH" in l]
+        self.assertEqual(len(warnings), 1, result.stderr)
+
+
+class AutoloadLaunchers(harness.DaemonTestCase):
+    """torchrun and torch.multiprocessing.spawn ranks are recorded with their
+    own rank identity; the launcher processes are not."""
+
+    def ranks_of(self, run):
+        runs = {r["name"]: r for r in self.daemon.cli_json("runs")["runs"]}
+        self.assertIn(run, runs)
+        return runs[run]
+
+    def check_run(self, run, ranks):
+        info = self.ranks_of(run)
+        self.assertEqual(info["world_size"], ranks)
+        self.assertEqual(sorted(r["rank"] for r in info["ranks"]), list(range(ranks)))
+        # Rank 0 also prints the loss (aten::item), so op counts differ by rank;
+        # the collectives every rank takes part in must be the same.
+        self.assertEqual(len({r["collectives"] for r in info["ranks"]}), 1, info)
+        for r in info["ranks"]:
+            self.assertGreater(r["ops"], 100, r)
+            self.assertEqual(r["steps"], 2, r)
+            self.assertEqual(r["gaps"], 0, r)
+            self.assertTrue(r["ended"], r)
+
+    def test_spawn(self):
+        harness.train(self.site, self.daemon, "spawn-run", ranks=2, steps=2, launcher="spawn")
+        self.check_run("spawn-run", 2)
+
+    def test_torchrun(self):
+        harness.train(self.site, self.daemon, "torchrun-run", ranks=2, steps=2,
+                      launcher="torchrun")
+        self.check_run("torchrun-run", 2)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,176 @@
+"""A small GPT-style model trained with torch.distributed (gloo, CPU).
+
+The end-to-end tests train it under OPGUARD=1 and inject faults *here*, in the
+training code, never in OpGuard. RANK selects the one rank that misbehaves:
+  --fault bitflip:RANK:STEP  flip one bit of one gradient element in memory on
+                             RANK after backward at STEP (no op does it: like
+                             silent data corruption)
+  --fault reorder:RANK       attention scales after the product instead of
+                             before (a changed computation, same source line)
+  --fault logging:RANK       extra ops that only observe values (norm logging)
+  --fault swap:RANK          the q/k/v projections run in another order
+                             (independent computations, same source lines)
+  --fault desync:RANK:STEP   RANK broadcasts from the wrong root at STEP (a
+                             desynchronized collective; the job then times out)
+
+Launch: torchrun --nproc_per_node 4 train_gpt.py --steps 3, or
+        python3 train_gpt.py --spawn 4 --steps 3 (torch.multiprocessing.spawn).
+"""
+import argparse
+import ctypes
+import datetime
+import math
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Attention(nn.Module):
+    def __init__(self, d_model, heads, fault):
+        super().__init__()
+        self.heads = heads
+        self.q = nn.Linear(d_model, d_model)
+        self.k = nn.Linear(d_model, d_model)
+        self.v = nn.Linear(d_model, d_model)
+        self.out = nn.Linear(d_model, d_model)
+        self.fault = fault
+
+    def project(self, which, x):
+        if which == "q":
+            return self.q(x)
+        if which == "k":
+            return self.k(x)
+        return self.v(x)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        h = self.heads
+        # The same source lines in either order: the "swap" fault reorders
+        # independent computations without moving any line.
+        order = "vkq" if self.fault == "swap" else "qkv"
+        proj = {which: self.project(which, x) for which in order}
+        q = proj["q"].view(b, t, h, c // h).transpose(1, 2)
+        k = proj["k"].view(b, t, h, c // h).transpose(1, 2)
+        v = proj["v"].view(b, t, h, c // h).transpose(1, 2)
+        scale = 1.0 / math.sqrt(c // h)
+        # "reorder" (wrong order of two operations) scales after the product.
+        scores = torch.matmul(q, k.transpose(-2, -1)) * scale if self.fault == "reorder" else torch.matmul(q * scale, k.transpose(-2, -1))
+        mask = torch.triu(torch.ones(t, t, dtype=torch.bool), diagonal=1)
+        scores = scores.masked_fill(mask, float("-inf"))
+        y = torch.matmul(F.softmax(scores, dim=-1), v)
+        y = y.transpose(1, 2).reshape(b, t, c)
+        if self.fault == "logging":
+            _ = y.detach().norm().item()  # extra ops that only observe values
+        return self.out(y)
+
+
+class Block(nn.Module):
+    def __init__(self, d_model, heads, fault):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(d_model)
+        self.attn = Attention(d_model, heads, fault)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(),
+                                 nn.Linear(4 * d_model, d_model))
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class TinyGPT(nn.Module):
+    def __init__(self, vocab=64, d_model=32, heads=2, layers=2, seq=16, fault=""):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d_model)
+        self.pos = nn.Embedding(seq, d_model)
+        self.blocks = nn.ModuleList(Block(d_model, heads, fault) for _ in range(layers))
+        self.ln = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab, bias=False)
+
+    def forward(self, idx):
+        t = idx.shape[1]
+        x = self.tok(idx) + self.pos(torch.arange(t))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln(x))
+
+
+def flip_bit_in_memory(tensor, index, bit):
+    """Flips one bit of one float32 element by writing memory directly: no
+    torch op runs, as with silent data corruption."""
+    address = tensor.data_ptr() + 4 * index
+    word = ctypes.c_uint32.from_address(address)
+    word.value ^= 1 << bit
+
+
+def parse_fault(text):
+    parts = text.split(":") if text else [""]
+    kind = parts[0]
+    rank = int(parts[1]) if len(parts) > 1 else -1
+    step = int(parts[2]) if len(parts) > 2 else -1
+    return kind, rank, step
+
+
+def train(rank, world, args):
+    torch.manual_seed(1234)  # same init on every rank, like DDP's broadcast would give
+    kind, fault_rank, fault_step = parse_fault(args.fault)
+    model_fault = kind if kind in ("reorder", "logging", "swap") and fault_rank in (-1, rank) else ""
+    model = TinyGPT(fault=model_fault)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    gen = torch.Generator().manual_seed(100 + rank)  # each rank its own data shard
+    lr_scale = torch.ones(1)
+    for step in range(args.steps):
+        # Rank 0 decides the step's learning-rate scale for everyone.
+        root = rank if kind == "desync" and rank == fault_rank and step == fault_step else 0
+        dist.broadcast(lr_scale, src=root)
+        idx = torch.randint(0, 64, (4, 16), generator=gen)
+        target = torch.roll(idx, -1, dims=1)
+        logits = model(idx)
+        loss = F.cross_entropy(logits.view(-1, 64), target.view(-1))
+        opt.zero_grad()
+        loss.backward()
+        if kind == "bitflip" and rank == fault_rank and step == fault_step:
+            flip_bit_in_memory(model.head.weight.grad, index=7, bit=22)
+        for p in model.parameters():  # data-parallel gradient average
+            dist.all_reduce(p.grad)
+            p.grad /= world
+        opt.step()
+        if rank == 0:
+            print(f"step {step} loss {loss.item():.6f}", flush=True)
+
+
+def run_rank(rank, world, args):
+    os.environ.setdefault("RANK", str(rank))
+    os.environ.setdefault("LOCAL_RANK", str(rank))
+    os.environ.setdefault("WORLD_SIZE", str(world))
+    dist.init_process_group("gloo", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=args.timeout))
+    try:
+        train(rank, world, args)
+    finally:
+        dist.destroy_process_group()
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--fault", default="")
+    parser.add_argument("--timeout", type=int, default=60,
+                        help="seconds a collective may wait for the other ranks")
+    parser.add_argument("--spawn", type=int, default=0,
+                        help="start this many ranks with torch.multiprocessing.spawn")
+    args = parser.parse_args()
+    if args.spawn:
+        import torch.multiprocessing as mp
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+        mp.spawn(run_rank, args=(args.spawn, args), nprocs=args.spawn, join=True)
+    else:
+        run_rank(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args)
+
+
+if __name__ == "__main__":
+    main()
