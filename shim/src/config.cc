@@ -199,6 +199,7 @@ Result<Config> ParseConfig(const EnvLookup& env, LogLevel* log_level_out) {
   OPGUARD_RETURN_IF_ERROR(ReadUint(env, "OPGUARD_BUFFER_MB", 1, 65536, &buffer_mb));
   c.buffer_bytes = buffer_mb << 20;
   OPGUARD_RETURN_IF_ERROR(ReadUint(env, "OPGUARD_ACK_TIMEOUT_MS", 10, 600000, &c.ack_timeout_ms));
+  OPGUARD_RETURN_IF_ERROR(ReadUint(env, "OPGUARD_MAX_IN_FLIGHT", 1, 1000, &c.max_in_flight));
   OPGUARD_RETURN_IF_ERROR(ReadUint(env, "OPGUARD_FLUSH_TIMEOUT_MS", 0, 600000, &c.flush_timeout_ms));
   uint64_t source_kb = c.max_source_bytes >> 10;
   OPGUARD_RETURN_IF_ERROR(ReadUint(env, "OPGUARD_MAX_SOURCE_KB", 0, 65536, &source_kb));

@@ -26,7 +26,8 @@ struct Config {
   uint32_t batch_records = 1024;
   uint32_t batch_interval_ms = 50;
   uint64_t buffer_bytes = 128ull << 20;
-  uint32_t ack_timeout_ms = 2000;
+  uint32_t ack_timeout_ms = 2000;     // least ack timeout; adapted upwards to the ack latency
+  uint32_t max_in_flight = 64;        // batches sent and not yet acknowledged, at most
   uint32_t flush_timeout_ms = 5000;
   uint32_t max_source_bytes = 1024u << 10;
   LogLevel log_level = LogLevel::kInfo;

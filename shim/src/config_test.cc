@@ -63,6 +63,7 @@ TEST(ShimConfig, Defaults) {
   EXPECT_EQ(c->batch_interval_ms, 50u);
   EXPECT_EQ(c->buffer_bytes, 128ull << 20);
   EXPECT_EQ(c->ack_timeout_ms, 2000u);
+  EXPECT_EQ(c->max_in_flight, 64u);
   EXPECT_EQ(c->flush_timeout_ms, 5000u);
   EXPECT_EQ(c->max_source_bytes, 1024u << 10);
   EXPECT_EQ(c->log_level, LogLevel::kInfo);
@@ -188,6 +189,7 @@ TEST(ShimConfig, TuningVariables) {
       {"OPGUARD_BATCH_INTERVAL_MS", {"1", "60000"}, {"0", "60001", "abc", "99999999999999999999999"}},
       {"OPGUARD_BUFFER_MB", {"1", "65536"}, {"0", "65537", "1.5"}},
       {"OPGUARD_ACK_TIMEOUT_MS", {"10", "600000"}, {"9", "600001", "ten"}},
+      {"OPGUARD_MAX_IN_FLIGHT", {"1", "1000"}, {"0", "1001", "-1", "8 ", "0x10", "", "many"}},
       {"OPGUARD_FLUSH_TIMEOUT_MS", {"0", "600000"}, {"600001", "-1", "5s"}},
       {"OPGUARD_MAX_SOURCE_KB", {"0", "65536"}, {"65537", "big"}},
       {"OPGUARD_LOG_LEVEL", {"debug", "info", "warn", "error", "off"}, {"loud", "INFO", ""}},
@@ -201,13 +203,15 @@ TEST(ShimConfig, TuningVariables) {
   }
   auto c = Parse({{"OPGUARD", "1"}, {"OPGUARD_RUN", "r"}, {"OPGUARD_BATCH_RECORDS", "7"},
                   {"OPGUARD_BATCH_INTERVAL_MS", "8"}, {"OPGUARD_BUFFER_MB", "9"},
-                  {"OPGUARD_ACK_TIMEOUT_MS", "100"}, {"OPGUARD_FLUSH_TIMEOUT_MS", "0"},
+                  {"OPGUARD_ACK_TIMEOUT_MS", "100"}, {"OPGUARD_MAX_IN_FLIGHT", "5"},
+                  {"OPGUARD_FLUSH_TIMEOUT_MS", "0"},
                   {"OPGUARD_MAX_SOURCE_KB", "2"}, {"OPGUARD_LOG_LEVEL", "debug"}});
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(c->batch_records, 7u);
   EXPECT_EQ(c->batch_interval_ms, 8u);
   EXPECT_EQ(c->buffer_bytes, 9ull << 20);
   EXPECT_EQ(c->ack_timeout_ms, 100u);
+  EXPECT_EQ(c->max_in_flight, 5u);
   EXPECT_EQ(c->flush_timeout_ms, 0u);
   EXPECT_EQ(c->max_source_bytes, 2048u);
   EXPECT_EQ(c->log_level, LogLevel::kDebug);

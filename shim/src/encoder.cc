@@ -254,8 +254,10 @@ bool ReadSource(const std::string& path, uint32_t max_bytes, std::string* out) {
 
 std::vector<EncodedBatch> BatchEncoder::Encode(const uint8_t* data, size_t size,
                                                const AnnounceInfo* announce, bool end_of_run,
-                                               uint64_t* next_seq, EncodeStats* stats) {
+                                               uint64_t* next_seq, EncodeStats* stats,
+                                               size_t max_batches, size_t* consumed) {
   std::vector<EncodedBatch> out;
+  if (consumed != nullptr) *consumed = size;
   auto builder = std::make_unique<Builder>();
   auto finish = [&](bool last) {
     const AnnounceInfo* a = out.empty() ? announce : nullptr;
@@ -362,7 +364,13 @@ std::vector<EncodedBatch> BatchEncoder::Encode(const uint8_t* data, size_t size,
       }
     }
     builder->CountEntry(is_record);
-    if (builder->records() >= batch_records_) finish(/*last=*/false);
+    if (builder->records() >= batch_records_) {
+      finish(/*last=*/false);
+      if (out.size() >= max_batches && !entries.done()) {
+        if (consumed != nullptr) *consumed = static_cast<size_t>(entries.pos() - data);
+        return out;
+      }
+    }
   }
   // end_of_run always gets its own final batch (empty if need be), so it is
   // never attached to a batch that was cut before the end was known.

@@ -3,6 +3,7 @@
 // passes in (the next batch sequence number).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -54,8 +55,15 @@ class BatchEncoder {
   // records that follow them), numbered from *next_seq (advanced). `announce`
   // (may be null) goes into the first batch produced; `end_of_run` marks the
   // last one, producing an empty batch if there is nothing else to send.
+  //
+  // With `max_batches`, encoding stops once that many batches are complete
+  // and `*consumed` (if given) says how many bytes of `data` they cover: a
+  // batch boundary, so encoding the rest in a later call gives the same
+  // batches as one call would. `end_of_run` applies only to a call that
+  // reaches the end of `data` (*consumed == size).
   std::vector<EncodedBatch> Encode(const uint8_t* data, size_t size, const AnnounceInfo* announce,
-                                   bool end_of_run, uint64_t* next_seq, EncodeStats* stats);
+                                   bool end_of_run, uint64_t* next_seq, EncodeStats* stats,
+                                   size_t max_batches = SIZE_MAX, size_t* consumed = nullptr);
 
  private:
   BatchIdentity id_;

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include "opguard/idl/envelope.h"
 #include "staging.h"
 
@@ -98,6 +100,48 @@ TEST(ShimEncoder, GapsStringsAndSplitting) {
   const w::Batch* c = Open(batches[2]);
   ASSERT_NE(c, nullptr);
   EXPECT_EQ(c->ops()->Get(0)->op_index(), 4u);
+}
+
+// Encoding in pieces of at most N batches (the sender does this so that a
+// backlog never keeps it from acks for long) gives the same batches as one call.
+TEST(ShimEncoder, EncodingInPiecesGivesTheSameBatches) {
+  BatchEncoder enc({"run-c", 1, 9}, 2, 1024);
+  StagingBuffer buf;
+  for (uint64_t i = 0; i < 7; ++i) {
+    Stage(buf, EntryKind::kString, StringFixed{i, 1}, "s");
+    OpFixed op{};
+    op.op_index = i;
+    Stage(buf, EntryKind::kOp, op);
+  }
+  AnnounceInfo a;
+  a.framework = "pytorch";
+  uint64_t whole_seq = 0;
+  auto whole = enc.Encode(buf.data(), buf.size(), &a, true, &whole_seq, nullptr);
+  ASSERT_EQ(whole.size(), 4u);  // 2 + 2 + 2 + 1 ops, the last with end_of_run
+
+  uint64_t seq = 0;
+  size_t offset = 0;
+  std::vector<EncodedBatch> pieces;
+  for (int call = 0; offset < buf.size() || call == 0; ++call) {
+    ASSERT_LT(call, 10);
+    size_t consumed = 0;
+    auto got = enc.Encode(buf.data() + offset, buf.size() - offset, call == 0 ? &a : nullptr, true, &seq,
+                          nullptr, /*max_batches=*/1, &consumed);
+    ASSERT_FALSE(got.empty());
+    ASSERT_GT(consumed, 0u);
+    offset += consumed;
+    // Only the call that reaches the end marks the end of the run.
+    EXPECT_EQ(Open(got.back())->end_of_run(), offset == buf.size());
+    for (auto& b : got) pieces.push_back(std::move(b));
+  }
+  EXPECT_EQ(offset, buf.size());
+  EXPECT_EQ(seq, whole_seq);
+  ASSERT_EQ(pieces.size(), whole.size());
+  for (size_t i = 0; i < whole.size(); ++i) {
+    ASSERT_EQ(pieces[i].buffer.size(), whole[i].buffer.size()) << i;
+    EXPECT_EQ(std::memcmp(pieces[i].buffer.data(), whole[i].buffer.data(), whole[i].buffer.size()), 0) << i;
+    EXPECT_EQ(pieces[i].records, whole[i].records);
+  }
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 #include <random>
 
 #define XXH_INLINE_ALL
@@ -25,6 +26,20 @@ using std::chrono::milliseconds;
 
 constexpr uint32_t kMaxDims = 64;
 constexpr size_t kMaxAckBytes = 1 << 20;
+
+// Flow control (docs/shim.md, Transport).
+// The adapted ack timeout stays within [OPGUARD_ACK_TIMEOUT_MS, 8 x that].
+constexpr int64_t kAckTimeoutCeilingFactor = 8;
+// Silent rounds double the wait before the window is resent again, up to 64x
+// (never beyond a minute unless the ack timeout itself is longer).
+constexpr uint32_t kMaxBackoffShift = 6;
+constexpr std::chrono::seconds kMaxStallWait{60};
+// The sender's connection monitor (one per context, so one name suffices).
+constexpr const char* kMonitorEndpoint = "inproc://opguard-shim-monitor";
+// After a lost connection nothing is sent until a new one has completed its
+// handshake (the old pipe may still take, and then drop, a message), or at
+// most this long if the monitor never says so.
+constexpr std::chrono::seconds kReconnectHold{2};
 
 size_t TensorBytes(const opguard_tensor& t) { return sizeof(TensorFixed) + size_t{t.ndim} * 8; }
 
@@ -130,6 +145,7 @@ Core::Core(const Config& config)
     if (const char* v = std::getenv(var)) announce_.environment.emplace_back(var, v);
   }
   announce_.environment.emplace_back("OPGUARD_RANK_SOURCE", config.rank_source);
+  ack_timeout_now_ms_.store(config.ack_timeout_ms, std::memory_order_relaxed);
 }
 
 Result<std::unique_ptr<Core>> Core::Start(const Config& config) {
@@ -668,12 +684,17 @@ AnnounceInfo Core::SnapshotAnnounce() {
 }
 
 void Core::CutAndEncode(bool end_of_run) {
+  EncodeSome(SIZE_MAX);  // the cut in progress, if any, goes first
+  if (Cut(end_of_run)) EncodeSome(SIZE_MAX);
+}
+
+bool Core::Cut(bool end_of_run) {
   uint64_t estimate = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     CloseOpenGapsLocked();
     staging_.Swap(spare_);
-    estimate = staged_bytes_;
+    estimate = staged_bytes_;  // == spare_.size(): staged entries now count as unacknowledged
     unacked_bytes_.fetch_add(estimate, std::memory_order_relaxed);
     staged_bytes_ = 0;
     staged_records_.store(0, std::memory_order_relaxed);
@@ -685,16 +706,26 @@ void Core::CutAndEncode(bool end_of_run) {
   }
   if (spare_.empty() && !announce_due && !end_of_run) {
     unacked_bytes_.fetch_sub(estimate, std::memory_order_relaxed);
-    return;
+    return false;
   }
-  AnnounceInfo announce;
-  if (announce_due) announce = SnapshotAnnounce();
+  spare_announce_due_ = announce_due;
+  if (announce_due) spare_announce_ = SnapshotAnnounce();
+  spare_end_of_run_ = end_of_run;
+  spare_offset_ = 0;
+  encoding_ = true;
+  return true;
+}
+
+void Core::EncodeSome(size_t max_batches) {
+  if (!encoding_) return;
   EncodeStats stats;
-  auto batches = encoder_.Encode(spare_.data(), spare_.size(), announce_due ? &announce : nullptr,
-                                 end_of_run, &next_seq_, &stats);
-  spare_.Clear();
-  // Keep the capacity a busy interval needs; give back only a backlog's worth.
-  spare_.ShrinkIfIdle(64u << 20);
+  size_t consumed = 0;
+  const uint8_t* from = spare_.empty() ? nullptr : spare_.data() + spare_offset_;
+  auto batches = encoder_.Encode(from, spare_.size() - spare_offset_,
+                                 spare_announce_due_ ? &spare_announce_ : nullptr, spare_end_of_run_,
+                                 &next_seq_, &stats, std::max<size_t>(max_batches, 1), &consumed);
+  if (!batches.empty()) spare_announce_due_ = false;
+  spare_offset_ += consumed;
   uint64_t actual = 0;
   auto now = Clock::now();
   for (auto& b : batches) {
@@ -705,9 +736,17 @@ void Core::CutAndEncode(bool end_of_run) {
     p.created = now;
     pending_.emplace(seq, std::move(p));
   }
+  // The staged bytes just encoded are replaced by their batches.
   unacked_bytes_.fetch_add(actual, std::memory_order_relaxed);
-  unacked_bytes_.fetch_sub(estimate, std::memory_order_relaxed);
+  unacked_bytes_.fetch_sub(consumed, std::memory_order_relaxed);
   pending_batches_.store(pending_.size(), std::memory_order_relaxed);
+  if (spare_offset_ >= spare_.size()) {
+    encoding_ = false;
+    spare_offset_ = 0;
+    spare_.Clear();
+    // Keep the capacity a busy interval needs; give back only a backlog's worth.
+    spare_.ShrinkIfIdle(64u << 20);
+  }
   if (stats.sources_skipped != 0) {
     OPGUARD_LOG(LogLevel::kDebug, std::to_string(stats.sources_skipped) +
                                       " source file(s) unreadable or over OPGUARD_MAX_SOURCE_KB; not sent");
@@ -716,6 +755,8 @@ void Core::CutAndEncode(bool end_of_run) {
 
 void Core::ReceiveAcks(zmq::socket_t& sock) {
   wire::AlignedStorage aligned;  // ZeroMQ frames may start at any address
+  const auto now = Clock::now();
+  bool progress = false;
   for (int i = 0; i < 100000; ++i) {
     zmq::message_t msg;
     auto got = sock.recv(msg, zmq::recv_flags::dontwait);
@@ -732,7 +773,14 @@ void Core::ReceiveAcks(zmq::socket_t& sock) {
     }
     auto it = pending_.find(ack->seq());
     if (it == pending_.end()) continue;  // duplicate ack after a resend
-    uint32_t records = it->second.batch.records;
+    Pending& p = it->second;
+    if (p.in_flight) {
+      SampleAckLatency(now - p.first_send);
+      in_flight_.erase(it->first);
+    }
+    newest_acked_tx_ = std::max(newest_acked_tx_, p.tx);
+    progress = true;
+    uint32_t records = p.batch.records;
     if (ack->code() == wire::AckCode::Durable) {
       records_acked_.fetch_add(records, std::memory_order_relaxed);
       batches_acked_.fetch_add(1, std::memory_order_relaxed);
@@ -749,31 +797,174 @@ void Core::ReceiveAcks(zmq::socket_t& sock) {
     unacked_bytes_.fetch_sub(it->second.batch.buffer.size(), std::memory_order_relaxed);
     pending_.erase(it);
   }
+  if (progress) {
+    // The daemon is alive and working through our batches: whatever else is
+    // in flight is queued there, not lost.
+    quiet_since_ = now;
+    last_ack_ = now;
+    backoff_ = 0;
+  }
   pending_batches_.store(pending_.size(), std::memory_order_relaxed);
 }
 
-void Core::SendPending(zmq::socket_t& sock, Clock::time_point now) {
-  auto timeout = milliseconds(config_.ack_timeout_ms);
-  for (auto& [seq, p] : pending_) {
-    bool resend = p.sent && now - p.last_send >= timeout;
-    if (p.sent && !resend) continue;
-    zmq::message_t msg(p.batch.buffer.data(), p.batch.buffer.size());
-    auto ok = sock.send(msg, zmq::send_flags::dontwait);
-    if (!ok) break;  // not connected (ZMQ_IMMEDIATE) or high-water mark: retry later
-    if (resend) {
-      batches_resent_.fetch_add(1, std::memory_order_relaxed);
-    } else {
-      batches_sent_.fetch_add(1, std::memory_order_relaxed);
-      records_sent_.fetch_add(p.batch.records, std::memory_order_relaxed);
+void Core::SampleAckLatency(Clock::duration rtt) {
+  // Smoothed latency and deviation as TCP keeps them (RFC 6298).
+  if (!have_rtt_) {
+    srtt_ = rtt;
+    rttvar_ = rtt / 2;
+    have_rtt_ = true;
+  } else {
+    Clock::duration err = rtt > srtt_ ? rtt - srtt_ : srtt_ - rtt;
+    rttvar_ = (3 * rttvar_ + err) / 4;
+    srtt_ = (7 * srtt_ + rtt) / 8;
+  }
+  ack_timeout_now_ms_.store(static_cast<uint32_t>(std::chrono::duration_cast<milliseconds>(AckTimeout()).count()),
+                            std::memory_order_relaxed);
+}
+
+Clock::duration Core::AckTimeout() const {
+  const Clock::duration floor = milliseconds(config_.ack_timeout_ms);
+  if (!have_rtt_) return floor;
+  return std::clamp<Clock::duration>(2 * srtt_ + 4 * rttvar_, floor, floor * kAckTimeoutCeilingFactor);
+}
+
+Clock::duration Core::StallTimeout() const {
+  const Clock::duration timeout = AckTimeout();
+  const Clock::duration cap = std::max<Clock::duration>(timeout, kMaxStallWait);
+  return std::min<Clock::duration>(timeout * (int64_t{1} << backoff_), cap);
+}
+
+namespace {
+// A batch presumed lost alone is resent after the ack timeout, doubled for
+// each earlier attempt.
+Clock::duration LossTimeout(Clock::duration ack_timeout, uint32_t attempts) {
+  uint32_t shift = std::min(attempts > 0 ? attempts - 1 : 0, kMaxBackoffShift);
+  return ack_timeout * (int64_t{1} << shift);
+}
+}  // namespace
+
+Clock::time_point Core::NextResendCheck() const {
+  if (in_flight_.empty()) return Clock::time_point::max();
+  Clock::time_point at = quiet_since_ + StallTimeout();
+  const Clock::duration timeout = AckTimeout();
+  for (uint64_t seq : in_flight_) {
+    const Pending& p = pending_.at(seq);
+    if (p.tx < newest_acked_tx_) at = std::min(at, p.last_send + LossTimeout(timeout, p.attempts));
+  }
+  return at;
+}
+
+void Core::ReceiveMonitorEvents(zmq::socket_t& monitor) {
+  for (int i = 0; i < 1000; ++i) {
+    zmq::message_t first;
+    if (!monitor.recv(first, zmq::recv_flags::dontwait)) break;
+    uint16_t event = 0;
+    if (first.size() >= sizeof(event)) std::memcpy(&event, first.data(), sizeof(event));
+    bool more = first.more();
+    while (more) {  // the endpoint frame; parts of one message arrive together
+      zmq::message_t part;
+      if (!monitor.recv(part, zmq::recv_flags::none)) break;
+      more = part.more();
     }
-    bytes_sent_.fetch_add(p.batch.buffer.size(), std::memory_order_relaxed);
-    p.sent = true;
-    p.last_send = now;
-    ++p.attempts;
+    if (event == ZMQ_EVENT_DISCONNECTED) ConnectionLost();
+    if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) hold_sends_until_ = {};
+  }
+}
+
+void Core::ConnectionLost() {
+  // Whatever was in flight went with the connection (queued in ZeroMQ's pipe,
+  // or received by a daemon whose ack can no longer reach us): it is sent
+  // again, oldest first, once a connection is back. A resend is idempotent.
+  if (!in_flight_.empty()) {
+    OPGUARD_LOG(LogLevel::kDebug, "connection to the daemon lost with " + std::to_string(in_flight_.size()) +
+                                      " batch(es) in flight; they are resent on reconnect");
+  }
+  for (uint64_t seq : in_flight_) {
+    Pending& p = pending_.at(seq);
+    p.in_flight = false;
+    p.first_send = {};
+  }
+  in_flight_.clear();
+  backoff_ = 0;
+  hold_sends_until_ = Clock::now() + kReconnectHold;
+}
+
+bool Core::Transmit(zmq::socket_t& sock, uint64_t seq, Pending& p, Clock::time_point now) {
+  zmq::message_t msg(p.batch.buffer.data(), p.batch.buffer.size());
+  auto ok = sock.send(msg, zmq::send_flags::dontwait);
+  if (!ok) return false;  // not connected (ZMQ_IMMEDIATE) or high-water mark: retry later
+  if (p.attempts == 0) {
+    batches_sent_.fetch_add(1, std::memory_order_relaxed);
+    records_sent_.fetch_add(p.batch.records, std::memory_order_relaxed);
+  } else {
+    batches_resent_.fetch_add(1, std::memory_order_relaxed);
+  }
+  bytes_sent_.fetch_add(p.batch.buffer.size(), std::memory_order_relaxed);
+  if (!p.in_flight) {
+    if (in_flight_.empty()) quiet_since_ = now;  // the silence is counted from here
+    p.in_flight = true;
+    p.first_send = now;
+    in_flight_.insert(seq);
+  }
+  p.tx = ++next_tx_;
+  p.last_send = now;
+  ++p.attempts;
+  return true;
+}
+
+void Core::SendPending(zmq::socket_t& sock) {
+  // Silence is judged on acks that have arrived, not on those we have been
+  // too busy (encoding, a starved CPU) to read: take them first.
+  ReceiveAcks(sock);
+  const Clock::time_point now = Clock::now();
+  const Clock::duration timeout = AckTimeout();
+  bool blocked = now < hold_sends_until_;  // connection lost, no new one yet
+  if (!blocked && !in_flight_.empty() && now - quiet_since_ >= StallTimeout()) {
+    // No ack at all for a whole (backed-off) timeout while batches are in
+    // flight: a daemon that restarted without us seeing the connection drop,
+    // or lost acks. Resend the window, oldest first; wait twice as long next time.
+    size_t resent = 0;
+    for (uint64_t seq : in_flight_) {
+      if (!Transmit(sock, seq, pending_.at(seq), now)) {
+        blocked = true;
+        break;
+      }
+      ++resent;
+    }
+    OPGUARD_LOG(LogLevel::kDebug,
+                "no acknowledgement for " +
+                    std::to_string(std::chrono::duration_cast<milliseconds>(now - quiet_since_).count()) +
+                    " ms; resent " + std::to_string(resent) + " batch(es) in flight");
+    backoff_ = std::min(backoff_ + 1, kMaxBackoffShift);
+    quiet_since_ = now;
+  } else if (!blocked && newest_acked_tx_ != 0) {
+    // Acks come back in send order: a batch sent before one that has been
+    // acknowledged, and still unanswered after the ack timeout, was lost
+    // (or its ack was). Resend it alone; acks are flowing, so the rest of
+    // the window is merely queued at the daemon and is left alone.
+    for (uint64_t seq : in_flight_) {
+      Pending& p = pending_.at(seq);
+      if (p.tx < newest_acked_tx_ && now - p.last_send >= LossTimeout(timeout, p.attempts)) {
+        if (!Transmit(sock, seq, p, now)) {
+          blocked = true;
+          break;
+        }
+      }
+    }
+  }
+  // New batches (and those a lost connection took), oldest first, while the
+  // window has room; the rest wait in the bounded buffer.
+  for (auto it = pending_.begin(); !blocked && it != pending_.end() && in_flight_.size() < config_.max_in_flight;
+       ++it) {
+    if (it->second.in_flight) continue;
+    if (!Transmit(sock, it->first, it->second, now)) break;
   }
   if (!warned_unreachable_ && !pending_.empty()) {
+    // Nothing acknowledged since the oldest batch was made (a slow daemon
+    // that still acks holds batches back too, but is not unreachable).
     const Pending& oldest = pending_.begin()->second;
-    if (now - oldest.created >= std::max(timeout, milliseconds(2000)) && oldest.attempts <= 1) {
+    if (now - oldest.created >= std::max<Clock::duration>(timeout, milliseconds(2000)) &&
+        last_ack_ < oldest.created) {
       warned_unreachable_ = true;
       OPGUARD_LOG(LogLevel::kWarn, "no acknowledgement from the daemon at " + config_.endpoint +
                                        " yet; buffering up to " +
@@ -793,6 +984,26 @@ void Core::SenderLoop() {
   sock.set(zmq::sockopt::reconnect_ivl_max, 1000);
   sock.set(zmq::sockopt::sndhwm, 1000);
   sock.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(kMaxAckBytes));
+  // A dropped connection (daemon restart) loses what was in flight on it; the
+  // monitor tells us at once, instead of after an ack timeout.
+  std::optional<zmq::socket_t> monitor;
+  if (zmq_socket_monitor(sock.handle(), kMonitorEndpoint,
+                         ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED) == 0) {
+    monitor.emplace(*ctx_, zmq::socket_type::pair);
+    monitor->set(zmq::sockopt::linger, 0);
+    monitor->connect(kMonitorEndpoint);
+  } else {
+    OPGUARD_LOG(LogLevel::kDebug, std::string("no connection monitor (") + zmq_strerror(zmq_errno()) +
+                                      "); a daemon restart is noticed by the ack timeout");
+  }
+  // Stop the monitor before its socket and the monitored one close.
+  struct MonitorStop {
+    zmq::socket_t& sock;
+    bool active;
+    ~MonitorStop() {
+      if (active) zmq_socket_monitor(sock.handle(), nullptr, 0);
+    }
+  } monitor_stop{sock, monitor.has_value()};
   sock.connect(config_.endpoint);
 
   auto interval = milliseconds(config_.batch_interval_ms);
@@ -804,25 +1015,31 @@ void Core::SenderLoop() {
 
   while (true) {
     auto now = Clock::now();
-    // How long we may sleep: the next cut, a retry of unsent batches, the
-    // earliest resend, the stop deadline.
-    auto wait = next_cut - now;
-    bool unsent = false;
-    for (const auto& [seq, p] : pending_) {
-      if (!p.sent) {
-        unsent = true;
-      } else {
-        wait = std::min<Clock::duration>(wait, p.last_send + milliseconds(config_.ack_timeout_ms) - now);
-      }
-      if (unsent) break;
+    // How long we may sleep: the next time cut (or, while a cut is being
+    // encoded, until fewer than a window of batches wait unsent), a retry of
+    // unsent batches, the earliest resend, the stop deadline.
+    const size_t unsent = pending_.size() - in_flight_.size();
+    Clock::duration wait = next_cut - now;
+    if (encoding_) wait = unsent < config_.max_in_flight ? Clock::duration::zero() : milliseconds(1000);
+    // Batches waiting while the window has room: the last send failed (no
+    // connection yet, or ZeroMQ's high-water mark); retry soon. With a full
+    // window, an ack (socket readable) or a resend check wakes us instead.
+    if (unsent > 0 && in_flight_.size() < config_.max_in_flight) {
+      wait = std::min<Clock::duration>(wait, milliseconds(5));
     }
-    if (unsent) wait = std::min<Clock::duration>(wait, milliseconds(5));
+    if (Clock::time_point resend_at = NextResendCheck(); resend_at != Clock::time_point::max()) {
+      wait = std::min<Clock::duration>(wait, resend_at - now);
+    }
     if (stopping) wait = std::min<Clock::duration>(wait, stop_deadline - now);
     long wait_ms = std::max<long>(0, std::chrono::duration_cast<milliseconds>(wait).count());
+    // Round up: waking a fraction of a millisecond early only spins.
+    if (wait > milliseconds(wait_ms)) ++wait_ms;
 
-    zmq_pollitem_t items[2] = {{sock.handle(), 0, ZMQ_POLLIN, 0}, {nullptr, wake_fd_, ZMQ_POLLIN, 0}};
+    zmq_pollitem_t items[3] = {{sock.handle(), 0, ZMQ_POLLIN, 0},
+                               {nullptr, wake_fd_, ZMQ_POLLIN, 0},
+                               {monitor ? monitor->handle() : nullptr, 0, ZMQ_POLLIN, 0}};
     try {
-      zmq::poll(items, 2, milliseconds(wait_ms));
+      zmq::poll(items, monitor ? 3 : 2, milliseconds(wait_ms));
     } catch (const zmq::error_t& e) {
       if (e.num() != EINTR) throw;
     }
@@ -831,7 +1048,9 @@ void Core::SenderLoop() {
       ssize_t unused = ::read(wake_fd_, &count, sizeof(count));
       (void)unused;
     }
+    // Acks first: one that arrived before the connection dropped still counts.
     ReceiveAcks(sock);
+    if (monitor) ReceiveMonitorEvents(*monitor);
     now = Clock::now();
 
     uint64_t flush_gen = 0;
@@ -848,17 +1067,25 @@ void Core::SenderLoop() {
       stopping = true;
       CutAndEncode(/*end_of_run=*/true);
       next_cut = now + interval;
-    } else if (!stopping && (flush_gen > flush_gen_handled ||
-                             staged_records_.load(std::memory_order_relaxed) >= config_.batch_records ||
-                             now >= next_cut)) {
+    } else if (!stopping && flush_gen > flush_gen_handled) {
       CutAndEncode(/*end_of_run=*/false);
       next_cut = now + interval;
+    } else if (!stopping) {
+      // Encode only what the window can take soon: a backlog waits in the
+      // bounded buffer (staged or cut), and the loop stays free for acks.
+      if (!encoding_ && (staged_records_.load(std::memory_order_relaxed) >= config_.batch_records ||
+                         now >= next_cut)) {
+        Cut(/*end_of_run=*/false);
+        next_cut = now + interval;
+      }
+      size_t unsent = pending_.size() - in_flight_.size();
+      if (encoding_ && unsent < config_.max_in_flight) EncodeSome(config_.max_in_flight - unsent);
     }
     if (flush_gen > flush_gen_handled) {
       flush_gen_handled = flush_gen;
       flush_target_seq = next_seq_;
     }
-    SendPending(sock, now);
+    SendPending(sock);
 
     bool settled_to_target = pending_.empty() || pending_.begin()->first >= flush_target_seq;
     if (flush_gen_handled != 0 && settled_to_target) {

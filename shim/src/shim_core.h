@@ -5,7 +5,10 @@
 //  - producer calls (Record*, Intern, Site, ...) come from any host thread;
 //    they take mu_ for a short copy and never wait for anything else;
 //  - one sender thread ("opguard-send") owns the ZeroMQ socket, the encoder
-//    and the unacknowledged batches;
+//    and the unacknowledged batches, and does the flow control: at most
+//    max_in_flight batches sent and unacknowledged, resends only on evidence
+//    of loss (a lost connection, a later batch acknowledged first, or no ack
+//    at all for a timeout that adapts to the ack latency and backs off);
 //  - Flush/Shutdown wait on condition variables with a deadline.
 // The object is created once per process by the C API and never destroyed
 // while the process may still call it (see c_api.cc).
@@ -17,6 +20,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -59,6 +63,9 @@ class Core {
   bool accepting() const { return accepting_.load(std::memory_order_acquire); }
   const Config& config() const { return config_; }
   uint64_t session() const { return session_; }
+  // The sender's current ack timeout (OPGUARD_ACK_TIMEOUT_MS adapted to the
+  // observed ack latency, before backoff). For tests and diagnostics.
+  uint32_t ack_timeout_now_ms() const { return ack_timeout_now_ms_.load(std::memory_order_relaxed); }
 
   // ---- producer side: any thread, never blocks beyond mu_ -----------------
   int RecordOp(const opguard_op& op, uint64_t* op_index_out);
@@ -95,9 +102,13 @@ class Core {
   };
   struct Pending {
     EncodedBatch batch;
-    bool sent = false;
-    uint32_t attempts = 0;
+    bool in_flight = false;  // sent on the current connection, not yet acknowledged
+    uint32_t attempts = 0;   // transmissions so far (all connections)
+    uint64_t tx = 0;         // number of its latest transmission (Core::next_tx_)
     std::chrono::steady_clock::time_point last_send{};
+    // First transmission on the current connection: the ack latency is
+    // measured from here, so a resend never makes the latency look shorter.
+    std::chrono::steady_clock::time_point first_send{};
     std::chrono::steady_clock::time_point created{};
   };
 
@@ -118,9 +129,33 @@ class Core {
   // ---- sender thread ---------------------------------------------------------
   void SenderMain();
   void SenderLoop();
+  // Everything staged so far, encoded now (flush, stop): finishes the cut in
+  // progress, cuts, encodes it all.
   void CutAndEncode(bool end_of_run);
+  // Moves what is staged into spare_ for encoding; false when there is nothing
+  // to send. Only when no cut is in progress.
+  bool Cut(bool end_of_run);
+  // Encodes up to `max_batches` more batches of the cut in progress, so that
+  // a backlog is encoded a window at a time and acks are not kept waiting.
+  void EncodeSome(size_t max_batches);
   void ReceiveAcks(zmq::socket_t& sock);
-  void SendPending(zmq::socket_t& sock, std::chrono::steady_clock::time_point now);
+  // Takes the acks that arrived, then resends what is presumed lost and sends
+  // new batches while the window has room.
+  void SendPending(zmq::socket_t& sock);
+  // Sends one batch (first time or again); false when ZeroMQ would not take it.
+  bool Transmit(zmq::socket_t& sock, uint64_t seq, Pending& p, std::chrono::steady_clock::time_point now);
+  // Connection monitor: a lost connection loses what was in flight on it.
+  void ReceiveMonitorEvents(zmq::socket_t& monitor);
+  void ConnectionLost();
+  void SampleAckLatency(std::chrono::steady_clock::duration rtt);
+  // The ack timeout: OPGUARD_ACK_TIMEOUT_MS, raised to 2 x smoothed ack
+  // latency + 4 x its deviation, at most kAckTimeoutCeilingFactor x the configured one.
+  std::chrono::steady_clock::duration AckTimeout() const;
+  // How long the daemon may stay silent, with batches in flight, before the
+  // window is resent: the ack timeout, doubled per silent round (capped).
+  std::chrono::steady_clock::duration StallTimeout() const;
+  // Earliest time the sender must wake for a resend (time_point::max if none).
+  std::chrono::steady_clock::time_point NextResendCheck() const;
   AnnounceInfo SnapshotAnnounce();
 
   const Config config_;
@@ -152,6 +187,7 @@ class Core {
   std::atomic<uint64_t> records_sent_{0}, records_acked_{0}, records_rejected_{0};
   std::atomic<uint64_t> batches_sent_{0}, batches_acked_{0}, batches_resent_{0},
       batches_rejected_{0}, bytes_sent_{0}, pending_batches_{0};
+  std::atomic<uint32_t> ack_timeout_now_ms_{0};
   int wake_fd_ = -1;
 
   // Flush/stop requests and their completion, guarded by wait_mu_.
@@ -170,9 +206,24 @@ class Core {
   std::thread sender_;           // joined or detached under wait_mu_ (Shutdown)
   bool sender_started_ = false;  // set once by StartSender, before the Core is shared
   BatchEncoder encoder_;
-  StagingBuffer spare_;
+  StagingBuffer spare_;           // the cut being encoded
+  bool encoding_ = false;         // a cut is in spare_, encoded up to spare_offset_
+  size_t spare_offset_ = 0;
+  bool spare_end_of_run_ = false;
+  bool spare_announce_due_ = false;  // spare_announce_ goes into the cut's first batch
+  AnnounceInfo spare_announce_;
   uint64_t next_seq_ = 0;
   std::map<uint64_t, Pending> pending_;
+  // Flow control. Acks come back in send order on one connection.
+  std::set<uint64_t> in_flight_;  // seqs of pending_ entries with in_flight set
+  uint64_t next_tx_ = 0;          // transmissions numbered from 1
+  uint64_t newest_acked_tx_ = 0;  // latest transmission whose batch was acknowledged
+  std::chrono::steady_clock::time_point quiet_since_{};  // last ack, or window (re)started
+  std::chrono::steady_clock::time_point last_ack_{};
+  std::chrono::steady_clock::time_point hold_sends_until_{};  // see ConnectionLost
+  uint32_t backoff_ = 0;          // silent rounds since the last ack
+  bool have_rtt_ = false;
+  std::chrono::steady_clock::duration srtt_{}, rttvar_{};
   bool warned_unreachable_ = false;
   bool warned_rejected_ = false;
 };

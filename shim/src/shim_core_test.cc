@@ -1,6 +1,8 @@
 // Core against a fake daemon over real ZeroMQ ipc:// sockets: batching by
-// count and time, resend after a daemon restart or a lost ack, gap notices
-// when the buffer is full, rejected batches, and never blocking the caller.
+// count and time, resend after a daemon restart or a lost ack, flow control
+// against a slow daemon (window, no resend of what is merely queued, adaptive
+// ack timeout), gap notices when the buffer is full, rejected batches, and
+// never blocking the caller.
 #include "shim_core.h"
 
 #include <gtest/gtest.h>
@@ -8,8 +10,10 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <set>
+#include <thread>
 
 #include "fake_daemon.h"
 
@@ -214,6 +218,172 @@ TEST_F(CoreTest, ResendsWhenAnAckIsLost) {
   core->GetCounters(&c);
   EXPECT_GE(c.batches_resent, 1u);
   EXPECT_EQ(c.records_acked, 20u);
+}
+
+opguard_counters Counters(Core& core) {
+  opguard_counters c = {};
+  c.struct_size = sizeof(c);
+  core.GetCounters(&c);
+  return c;
+}
+
+// The reported failure: acks arrive after the timeout. Only a window of
+// batches is ever in flight, the timeout adapts to the observed latency, and
+// only the first window or two is sent twice (before any ack could show the
+// latency); every record is acknowledged once.
+TEST_F(CoreTest, SlowAcksSeeFewDuplicatesAndTheWindowHolds) {
+  FakeDaemonOptions options;
+  options.ack_delay_ms = 250;  // 5x the ack timeout below
+  FakeDaemon daemon(endpoint_, options);
+  ASSERT_TRUE(daemon.Start());
+  constexpr uint32_t kWindow = 8;
+  config_.batch_records = 10;
+  config_.batch_interval_ms = 5;
+  config_.ack_timeout_ms = 50;
+  config_.max_in_flight = kWindow;
+  auto core = StartCore();
+  ASSERT_TRUE(core);
+  constexpr int kRecords = 800;  // 80 batches: 10 windows at 250 ms each
+  uint64_t most_pending = 0;
+  for (int i = 0; i < kRecords; ++i) {
+    ASSERT_EQ(Record(*core, 0, i + 1), OPGUARD_OK);
+    if (i % 100 == 99) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  auto deadline = Clock::now() + std::chrono::seconds(30);
+  while (Clock::now() < deadline) {
+    opguard_counters c = Counters(*core);
+    most_pending = std::max(most_pending, c.pending_batches);
+    if (c.records_acked == kRecords) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_EQ(core->Flush(10000), OPGUARD_OK);
+  Received r = daemon.Snapshot();
+  EXPECT_EQ(r.records, static_cast<uint64_t>(kRecords));
+  EXPECT_EQ(r.ops.size(), static_cast<size_t>(kRecords));  // stored once each
+  EXPECT_EQ(OpIndices(r, 0).size(), static_cast<size_t>(kRecords));
+  EXPECT_LE(r.max_outstanding, kWindow);  // never more than the window in flight
+  // Before the first ack there is no latency to go by: the window is resent
+  // after 50 ms and again after 100 ms more (backoff), then acks flow.
+  EXPECT_LE(r.duplicates, 3 * kWindow);
+  opguard_counters c = Counters(*core);
+  EXPECT_EQ(c.records_acked, static_cast<uint64_t>(kRecords));
+  EXPECT_LE(c.batches_resent, 3 * kWindow);
+  EXPECT_EQ(c.pending_batches, 0u);
+  EXPECT_LE(most_pending, static_cast<uint64_t>(kRecords / 10 + 1));  // no growth beyond the data
+  std::printf("slow acks: %llu batches, %llu resent, %llu duplicates at the peer, %llu most in flight, "
+              "ack timeout now %u ms\n",
+              static_cast<unsigned long long>(c.batches_sent), static_cast<unsigned long long>(c.batches_resent),
+              static_cast<unsigned long long>(r.duplicates), static_cast<unsigned long long>(r.max_outstanding),
+              core->ack_timeout_now_ms());
+  // The timeout followed the ack latency up.
+  EXPECT_GE(core->ack_timeout_now_ms(), 250u);
+  // A second burst at the adapted timeout is not resent at all.
+  uint64_t resent_before = c.batches_resent;
+  for (int i = kRecords; i < kRecords + 200; ++i) ASSERT_EQ(Record(*core, 0, i + 1), OPGUARD_OK);
+  ASSERT_EQ(core->Flush(20000), OPGUARD_OK);
+  c = Counters(*core);
+  EXPECT_EQ(c.records_acked, static_cast<uint64_t>(kRecords + 200));
+  EXPECT_EQ(c.batches_resent, resent_before);
+}
+
+// A busy daemon: acks come one by one, each long after its batch was sent
+// (the window queues at the daemon), but they keep coming. Nothing that is
+// merely queued is resent.
+TEST_F(CoreTest, BusyPeerStillAckingIsNotFloodedWithResends) {
+  FakeDaemonOptions options;
+  options.service_us = 4000;  // 4 ms a message: 64 queued batches wait 256 ms
+  FakeDaemon daemon(endpoint_, options);
+  ASSERT_TRUE(daemon.Start());
+  config_.batch_records = 10;
+  config_.batch_interval_ms = 5;
+  config_.ack_timeout_ms = 50;
+  auto core = StartCore();
+  ASSERT_TRUE(core);
+  constexpr int kRecords = 2500;
+  for (int i = 0; i < kRecords; ++i) ASSERT_EQ(Record(*core, 0, i + 1), OPGUARD_OK);
+  ASSERT_EQ(core->Flush(30000), OPGUARD_OK);
+  Received r = daemon.Snapshot();
+  EXPECT_EQ(r.records, static_cast<uint64_t>(kRecords));
+  EXPECT_EQ(r.ops.size(), static_cast<size_t>(kRecords));
+  EXPECT_LE(r.max_outstanding, config_.max_in_flight);
+  opguard_counters c = Counters(*core);
+  EXPECT_EQ(c.records_acked, static_cast<uint64_t>(kRecords));
+  EXPECT_LE(c.batches_resent, 4u) << "acks kept arriving; nothing should have been resent";
+  std::printf("busy peer: %llu batches, %llu resent, %llu most in flight, ack timeout now %u ms\n",
+              static_cast<unsigned long long>(c.batches_sent), static_cast<unsigned long long>(c.batches_resent),
+              static_cast<unsigned long long>(r.max_outstanding), core->ack_timeout_now_ms());
+  EXPECT_LE(r.duplicates, 4u);
+}
+
+// One ack is lost while later batches are acknowledged: that batch alone is
+// resent, while records are still flowing (not only at the final flush).
+TEST_F(CoreTest, LostAckWhileAcksFlowIsResentAlone) {
+  FakeDaemonOptions options;
+  options.drop_first_ack_seqs = {3};
+  FakeDaemon daemon(endpoint_, options);
+  ASSERT_TRUE(daemon.Start());
+  config_.batch_records = 10;
+  config_.batch_interval_ms = 5;
+  config_.ack_timeout_ms = 200;
+  auto core = StartCore();
+  ASSERT_TRUE(core);
+  int recorded = 0;
+  bool resent_while_flowing = false;
+  auto deadline = Clock::now() + std::chrono::seconds(5);
+  while (Clock::now() < deadline) {
+    for (int i = 0; i < 10; ++i, ++recorded) ASSERT_EQ(Record(*core, 0, recorded + 1), OPGUARD_OK);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    Received r = daemon.Snapshot();
+    if (r.receipts.count(3) != 0 && r.receipts.at(3) >= 2) {
+      resent_while_flowing = true;
+      break;
+    }
+  }
+  EXPECT_TRUE(resent_while_flowing);
+  ASSERT_EQ(core->Flush(5000), OPGUARD_OK);
+  Received r = daemon.Snapshot();
+  EXPECT_EQ(r.acks_lost, 1u);
+  EXPECT_EQ(r.records, static_cast<uint64_t>(recorded));
+  EXPECT_EQ(r.ops.size(), static_cast<size_t>(recorded));
+  EXPECT_GE(r.duplicates, 1u);
+  opguard_counters c = Counters(*core);
+  // Batch 3 alone (once in a while, a loaded machine's stall adds the one
+  // or two batches in flight at that moment).
+  EXPECT_GE(c.batches_resent, 1u);
+  EXPECT_LE(c.batches_resent, 4u);
+  EXPECT_EQ(c.records_acked, static_cast<uint64_t>(recorded));
+}
+
+// A daemon restart loses what was in flight: that window (and no more) is
+// resent at once on the new connection, oldest first; the rest follows as
+// acks come back.
+TEST_F(CoreTest, RestartResendsTheWindowOnly) {
+  FakeDaemonOptions options;
+  options.ack_delay_ms = 400;  // batches stay in flight long enough to be lost
+  auto daemon = std::make_unique<FakeDaemon>(endpoint_, options);
+  ASSERT_TRUE(daemon->Start());
+  constexpr uint32_t kWindow = 4;
+  config_.batch_records = 10;
+  config_.batch_interval_ms = 5;
+  config_.ack_timeout_ms = 5000;  // longer than the test: only the restart triggers a resend
+  config_.max_in_flight = kWindow;
+  auto core = StartCore();
+  ASSERT_TRUE(core);
+  for (int i = 0; i < 300; ++i) ASSERT_EQ(Record(*core, 0, i + 1), OPGUARD_OK);
+  ASSERT_TRUE(daemon->WaitFor([](const Received& r) { return r.batches >= kWindow; }, 5000));
+  daemon->Stop();  // acks for the window are never sent
+  daemon->SetAckDelay(0);
+  ASSERT_TRUE(daemon->Start());
+  ASSERT_EQ(core->Flush(4000), OPGUARD_OK);  // well inside the 5 s ack timeout
+  Received r = daemon->Snapshot();
+  EXPECT_EQ(r.records, 300u);
+  EXPECT_EQ(r.ops.size(), 300u);
+  EXPECT_LE(r.max_outstanding, kWindow);
+  opguard_counters c = Counters(*core);
+  EXPECT_EQ(c.records_acked, 300u);
+  EXPECT_GE(c.batches_resent, 1u);
+  EXPECT_LE(c.batches_resent, kWindow);
+  EXPECT_LE(r.duplicates, kWindow);
 }
 
 TEST_F(CoreTest, FullBufferDropsAndReportsExactGaps) {

@@ -1,5 +1,6 @@
 #include "fake_daemon.h"
 
+#include <algorithm>
 #include <chrono>
 #include <future>
 
@@ -12,8 +13,11 @@ namespace w = opguard::wire;
 FakeDaemon::FakeDaemon(std::string endpoint, FakeDaemonOptions options)
     : endpoint_(std::move(endpoint)),
       ack_(options.ack),
+      ack_delay_ms_(options.ack_delay_ms),
+      service_us_(options.service_us),
       reject_seqs_(std::move(options.reject_seqs)),
-      keep_records_(options.keep_records) {}
+      keep_records_(options.keep_records),
+      drop_first_ack_seqs_(std::move(options.drop_first_ack_seqs)) {}
 
 FakeDaemon::~FakeDaemon() { Stop(); }
 
@@ -26,15 +30,22 @@ bool FakeDaemon::Start() {
     std::string error;
     bool announced = false;
     try {
+      {
+        // A new socket answers nothing that the previous one received.
+        std::lock_guard<std::mutex> lock(mu_);
+        outstanding_.clear();
+      }
       zmq::socket_t sock(ctx_, zmq::socket_type::router);
       sock.set(zmq::sockopt::linger, 0);
       sock.bind(endpoint_);
       bound.set_value("");
       announced = true;
+      std::deque<Reply> replies;  // in arrival order; dropped with the socket
+      auto next_due = std::chrono::milliseconds(10);
       while (!stop_) {
         zmq_pollitem_t item{sock.handle(), 0, ZMQ_POLLIN, 0};
-        zmq::poll(&item, 1, std::chrono::milliseconds(10));
-        for (int i = 0; i < 1000; ++i) {
+        zmq::poll(&item, 1, std::min(next_due, std::chrono::milliseconds(10)));
+        for (int i = 0; i < 1000 && !stop_; ++i) {
           zmq::message_t id, msg;
           if (!sock.recv(id, zmq::recv_flags::dontwait)) break;
           if (!id.more() || !sock.recv(msg, zmq::recv_flags::none)) continue;
@@ -43,8 +54,13 @@ bool FakeDaemon::Start() {
             (void)sock.recv(extra, zmq::recv_flags::none);
             if (!extra.more()) break;
           }
-          Handle(sock, id, msg);
+          if (uint32_t us = service_us_.load(); us != 0) {
+            std::this_thread::sleep_for(std::chrono::microseconds(us));
+          }
+          Handle(id, msg, &replies);
+          (void)SendDue(sock, &replies);
         }
+        next_due = SendDue(sock, &replies);
       }
     } catch (const std::exception& e) {
       if (!announced) bound.set_value(e.what());
@@ -75,7 +91,33 @@ bool FakeDaemon::WaitFor(const std::function<bool(const Received&)>& pred, int t
   return cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] { return pred(received_); });
 }
 
-void FakeDaemon::Handle(zmq::socket_t& sock, const zmq::message_t& id, const zmq::message_t& msg) {
+std::chrono::milliseconds FakeDaemon::SendDue(zmq::socket_t& sock, std::deque<Reply>* replies) {
+  auto now = std::chrono::steady_clock::now();
+  while (!replies->empty() && replies->front().due <= now) {
+    Reply r = std::move(replies->front());
+    replies->pop_front();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      outstanding_.erase(r.key);
+      if (drop_first_ack_seqs_.erase(std::get<1>(r.key)) != 0) {
+        ++received_.acks_lost;
+        cv_.notify_all();
+        continue;
+      }
+      ++received_.acks_sent;
+      cv_.notify_all();
+    }
+    zmq::message_t reply_id(r.id.data(), r.id.size());
+    zmq::message_t reply(r.ack.data(), r.ack.size());
+    (void)sock.send(reply_id, zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+    (void)sock.send(reply, zmq::send_flags::dontwait);
+  }
+  if (replies->empty()) return std::chrono::milliseconds(10);
+  auto left = std::chrono::ceil<std::chrono::milliseconds>(replies->front().due - now);
+  return std::max(left, std::chrono::milliseconds(0));
+}
+
+void FakeDaemon::Handle(const zmq::message_t& id, const zmq::message_t& msg, std::deque<Reply>* replies) {
   w::AlignedStorage aligned;
   auto env = w::OpenEnvelope(msg.data(), msg.size(), aligned);
   std::unique_lock<std::mutex> lock(mu_);
@@ -177,8 +219,12 @@ void FakeDaemon::Handle(zmq::socket_t& sock, const zmq::message_t& id, const zmq
       }
     }
   }
+  ++received_.receipts[b->seq()];
   bool send = ack_.load();
-  if (send) ++received_.acks_sent;
+  if (send) {
+    outstanding_.insert(std::make_tuple(b->session(), b->seq()));
+    received_.max_outstanding = std::max<uint64_t>(received_.max_outstanding, outstanding_.size());
+  }
   cv_.notify_all();
   lock.unlock();
   if (!send) return;
@@ -194,10 +240,12 @@ void FakeDaemon::Handle(zmq::socket_t& sock, const zmq::message_t& id, const zmq
   ab.add_code(reject ? w::AckCode::Rejected : w::AckCode::Durable);
   if (reject) ab.add_error(error);
   w::FinishEnvelope(fbb, ab.Finish());
-  zmq::message_t reply_id(id.data(), id.size());
-  zmq::message_t reply(fbb.GetBufferPointer(), fbb.GetSize());
-  (void)sock.send(reply_id, zmq::send_flags::sndmore | zmq::send_flags::dontwait);
-  (void)sock.send(reply, zmq::send_flags::dontwait);
+  Reply r;
+  r.due = std::chrono::steady_clock::now() + std::chrono::milliseconds(ack_delay_ms_.load());
+  r.id.assign(static_cast<const char*>(id.data()), id.size());
+  r.ack.assign(reinterpret_cast<const char*>(fbb.GetBufferPointer()), fbb.GetSize());
+  r.key = std::make_tuple(b->session(), b->seq());
+  replies->push_back(std::move(r));
 }
 
 }  // namespace opguard::shim::testing

@@ -3,12 +3,16 @@
 // batch sequence, as the daemon's idempotent keys would) and acknowledges
 // batches. Used by the shim's unit tests, the shim benchmark and loadgen's
 // self-test. It can be stopped and restarted on the same endpoint, told to
-// withhold acks, or to reject chosen batches.
+// withhold acks, to reject chosen batches, to lose chosen acks, or to be slow:
+// answer each batch only a while after it arrived (ack_delay_ms) and/or spend
+// time on every message it reads (service_us), as a loaded daemon would.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -60,6 +64,11 @@ struct Received {
   uint64_t duplicates = 0;   // a batch seen again (a resend of a stored batch)
   uint64_t records = 0;      // ops + collectives in distinct batches
   uint64_t acks_sent = 0;
+  uint64_t acks_lost = 0;    // acks swallowed by drop_first_ack_seqs
+  // Most distinct batches (session, seq) received and not yet answered at any
+  // one time: the sender's window as this peer saw it.
+  uint64_t max_outstanding = 0;
+  std::map<uint64_t, uint64_t> receipts;  // batch seq -> times received (any session)
   uint64_t announces = 0;
   uint64_t end_of_run = 0;   // batches with end_of_run
   uint64_t steps = 0;
@@ -81,6 +90,9 @@ struct FakeDaemonOptions {
   bool ack = true;                   // answer Durable (else stay silent)
   std::set<uint64_t> reject_seqs;    // answer Rejected for these batch seqs
   bool keep_records = true;          // false: count only (benchmarks)
+  uint32_t ack_delay_ms = 0;         // each ack leaves this long after its batch arrived
+  uint32_t service_us = 0;           // time spent on every message read (a busy daemon)
+  std::set<uint64_t> drop_first_ack_seqs;  // the first ack for these seqs is lost
 };
 
 class FakeDaemon {
@@ -95,6 +107,8 @@ class FakeDaemon {
   // Closes the socket and joins; what was received is kept.
   void Stop();
   void SetAck(bool ack);
+  void SetAckDelay(uint32_t ms) { ack_delay_ms_ = ms; }
+  void SetServiceUs(uint32_t us) { service_us_ = us; }
 
   Received Snapshot();
   // Waits until pred(received) holds or timeout_ms passed; returns pred's value.
@@ -102,13 +116,23 @@ class FakeDaemon {
 
  private:
   void Serve(std::string* error);
-  void Handle(zmq::socket_t& sock, const zmq::message_t& id, const zmq::message_t& msg);
+  struct Reply {
+    std::chrono::steady_clock::time_point due;
+    std::string id;
+    std::string ack;
+    std::tuple<uint64_t, uint64_t> key;  // session, seq
+  };
+  void Handle(const zmq::message_t& id, const zmq::message_t& msg, std::deque<Reply>* replies);
+  // Sends the replies that are due; returns the time until the next one.
+  std::chrono::milliseconds SendDue(zmq::socket_t& sock, std::deque<Reply>* replies);
 
   const std::string endpoint_;
   zmq::context_t ctx_{1};
   std::thread thread_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> ack_;
+  std::atomic<uint32_t> ack_delay_ms_;
+  std::atomic<uint32_t> service_us_;
   const std::set<uint64_t> reject_seqs_;
   const bool keep_records_;
 
@@ -116,6 +140,8 @@ class FakeDaemon {
   std::condition_variable cv_;
   Received received_;
   std::set<std::tuple<uint32_t, uint64_t, uint64_t>> stored_;  // rank, session, seq
+  std::set<std::tuple<uint64_t, uint64_t>> outstanding_;       // received, not answered
+  std::set<uint64_t> drop_first_ack_seqs_;                      // not yet dropped
 };
 
 }  // namespace opguard::shim::testing
