@@ -6,6 +6,8 @@
 #include <limits>
 #include <sstream>
 
+#include "opguard/common/hex.h"
+
 namespace opguard::aligner {
 
 using nlohmann::json;
@@ -20,10 +22,18 @@ const char* DiffStatusName(DiffStatus s) {
   return "identical";
 }
 
+// The 16 digest bytes in order (lo holds bytes 0..7 little-endian, hi bytes
+// 8..15): the same text `opguard fingerprint` prints and the daemon's trace
+// JSON shows, so a user can compare them directly.
 std::string FpHex(const Fp128& fp) {
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "%016" PRIx64 "%016" PRIx64, fp.lo, fp.hi);
-  return buf;
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out(32, '0');
+  for (int i = 0; i < 16; ++i) {
+    uint8_t byte = static_cast<uint8_t>((i < 8 ? fp.lo : fp.hi) >> (8 * (i % 8)));
+    out[2 * i] = kDigits[byte >> 4];
+    out[2 * i + 1] = kDigits[byte & 15];
+  }
+  return out;
 }
 
 namespace {
@@ -144,8 +154,16 @@ uint64_t ParseHex64(const json& j) {
 
 Fp128 ParseFp(const json& j) {
   std::string s = j.get<std::string>();
-  if (s.size() != 32) throw std::invalid_argument("fingerprint must have 32 hex digits");
-  return Fp128{std::stoull(s.substr(0, 16), nullptr, 16), std::stoull(s.substr(16), nullptr, 16)};
+  uint8_t bytes[16];
+  if (!FromHex(s, bytes, sizeof bytes)) {
+    throw std::invalid_argument("fingerprint must have 32 hex digits");
+  }
+  Fp128 fp;
+  for (int i = 7; i >= 0; --i) {
+    fp.lo = fp.lo << 8 | bytes[i];
+    fp.hi = fp.hi << 8 | bytes[8 + i];
+  }
+  return fp;
 }
 
 double ParseNum(const json& j) {

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -33,6 +34,18 @@ struct Options {
   double rate = 0;       // ops per second per rank; 0 = as fast as possible
   bool json = false;
   uint32_t flush_timeout_ms = 30000;
+  // This invocation records ranks first_rank .. first_rank + local_ranks - 1
+  // of a world_size-rank run (one loadgen per node in a multi-daemon test).
+  uint32_t first_rank = 0;
+  uint32_t local_ranks = 0;
+  std::optional<uint32_t> world_size;
+  // --hang RANK:M: RANK stops before collective M; every other rank enters M
+  // and stops there (a hung job as Flight Recorder would see it).
+  std::optional<uint32_t> hang_rank;
+  uint64_t hang_collective = 0;
+  // --desync RANK:M: RANK's collective M has a different element count.
+  std::optional<uint32_t> desync_rank;
+  uint64_t desync_collective = 0;
   TraceOptions trace;
 };
 
@@ -40,6 +53,7 @@ const char* kUsage =
     "usage: opguard-loadgen --run NAME --ranks N --ops N [--rate R] [--seed S] [--endpoint E]\n"
     "         [--diverge-at RANK:OP] [--insert N] [--reorder N] [--drop-batches N]\n"
     "         [--drop-size N] [--collective-every K] [--flush-timeout-ms T] [--json]\n"
+    "         [--first-rank R --world-size W] [--hang RANK:M] [--desync RANK:M]\n"
     "Records a synthetic training trace through libopguard_shim.so from N forked ranks\n"
     "and prints what each rank sent. See docs/shim.md.\n";
 
@@ -51,6 +65,13 @@ bool ParseU64(const char* s, uint64_t* out) {
   if (errno != 0 || *end != '\0' || s[0] == '-') return false;
   *out = v;
   return true;
+}
+
+bool ParseRankColon(const char* s, uint64_t* rank, uint64_t* n) {
+  std::string spec = s != nullptr ? s : "";
+  auto colon = spec.find(':');
+  return colon != std::string::npos && ParseU64(spec.substr(0, colon).c_str(), rank) &&
+         ParseU64(spec.substr(colon + 1).c_str(), n);
 }
 
 bool ParseArgs(int argc, char** argv, Options* o, std::string* error) {
@@ -122,6 +143,22 @@ bool ParseArgs(int argc, char** argv, Options* o, std::string* error) {
       }
       o->trace.diverge_rank = static_cast<uint32_t>(r);
       o->trace.diverge_op = op;
+    } else if (a == "--first-rank") {
+      if (!number(0, 1u << 20)) return false;
+      o->first_rank = static_cast<uint32_t>(v);
+    } else if (a == "--world-size") {
+      if (!number(1, 1u << 20)) return false;
+      o->world_size = static_cast<uint32_t>(v);
+    } else if (a == "--hang" || a == "--desync") {
+      uint64_t r = 0, m = 0;
+      if (!ParseRankColon(value(), &r, &m) || r > UINT32_MAX) return *error = a + " needs RANK:COLLECTIVE", false;
+      if (a == "--hang") {
+        o->hang_rank = static_cast<uint32_t>(r);
+        o->hang_collective = m;
+      } else {
+        o->desync_rank = static_cast<uint32_t>(r);
+        o->desync_collective = m;
+      }
     } else if (a == "--json") {
       o->json = true;
     } else {
@@ -130,8 +167,18 @@ bool ParseArgs(int argc, char** argv, Options* o, std::string* error) {
     }
   }
   if (!have_run || !have_ranks || !have_ops) return *error = "--run, --ranks and --ops are required", false;
+  // The trace is a function of the whole world (a divergence reaches every
+  // rank through the all-reduces); this invocation records a slice of it.
+  o->local_ranks = o->trace.ranks;
+  o->trace.ranks = o->world_size.value_or(o->first_rank + o->local_ranks);
+  if (o->first_rank + o->local_ranks > o->trace.ranks) {
+    return *error = "--first-rank + --ranks exceeds --world-size", false;
+  }
   if (o->trace.diverge_rank && *o->trace.diverge_rank >= o->trace.ranks) {
-    return *error = "--diverge-at: rank is not below --ranks", false;
+    return *error = "--diverge-at: rank is not below the world size", false;
+  }
+  if ((o->hang_rank || o->desync_rank) && o->trace.collective_every == 0) {
+    return *error = "--hang and --desync need --collective-every", false;
   }
   return true;
 }
@@ -280,7 +327,13 @@ json RankMain(const Options& o, const SyntheticTrace& trace, uint32_t rank) {
     if (dropped && pos + 1 == drops[next_drop] + o.trace.drop_size) ++next_drop;
     if (e.base >= 0 && trace.collective_after(e.base)) {
       uint64_t m = (static_cast<uint64_t>(e.base) + 1) / o.trace.collective_every - 1;
+      const bool hang_here = o.hang_rank && m == o.hang_collective;
+      if (hang_here && rank == *o.hang_rank) {
+        report["hung_before_collective"] = m;
+        break;
+      }
       int64_t cshape[1] = {1 << 20};
+      if (o.desync_rank && rank == *o.desync_rank && m == o.desync_collective) cshape[0] += 1;
       opguard_tensor cin = {}, cout = {};
       cin.fp_lo = trace.CollectiveInputFp(rank, m);
       cin.shape = cshape;
@@ -304,6 +357,10 @@ json RankMain(const Options& o, const SyntheticTrace& trace, uint32_t rank) {
       c.inputs = &cin;
       uint64_t seq = 0;
       errors += opguard_record_collective(&c, &seq) != OPGUARD_OK;
+      if (hang_here) {
+        report["hung_in_collective"] = m;
+        break;
+      }
       c.phase = OPGUARD_PHASE_COMPLETED;
       c.seq = seq;
       c.num_outputs = 1;
@@ -372,7 +429,7 @@ int main(int argc, char** argv) {
   };
   std::vector<Child> children;
   auto start = Clock::now();
-  for (uint32_t r = 0; r < o.trace.ranks; ++r) {
+  for (uint32_t r = o.first_rank; r < o.first_rank + o.local_ranks; ++r) {
     int fds[2];
     if (pipe(fds) != 0) {
       std::perror("opguard-loadgen: pipe");
@@ -392,7 +449,7 @@ int main(int argc, char** argv) {
       setenv("OPGUARD_RUN", o.run.c_str(), 1);
       if (!o.endpoint.empty()) setenv("OPGUARD_ENDPOINT", o.endpoint.c_str(), 1);
       setenv("RANK", std::to_string(r).c_str(), 1);
-      setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+      setenv("LOCAL_RANK", std::to_string(r - o.first_rank).c_str(), 1);
       setenv("WORLD_SIZE", std::to_string(o.trace.ranks).c_str(), 1);
       std::string out = RankMain(o, trace, r).dump() + "\n";
       ssize_t unused = write(fds[1], out.data(), out.size());
@@ -432,7 +489,9 @@ int main(int argc, char** argv) {
   ok = ok && acked == records;
   if (o.json) {
     json doc = {{"run", o.run},
-                {"ranks", o.trace.ranks},
+                {"ranks", o.local_ranks},
+                {"first_rank", o.first_rank},
+                {"world_size", o.trace.ranks},
                 {"ops", o.trace.ops},
                 {"seed", o.trace.seed},
                 {"collective_every", o.trace.collective_every},
@@ -446,7 +505,7 @@ int main(int argc, char** argv) {
     std::printf("%s\n", doc.dump(2).c_str());
   } else {
     std::printf("opguard-loadgen: run %s, %u rank(s) x %llu ops, seed %llu%s\n", o.run.c_str(),
-                o.trace.ranks, static_cast<unsigned long long>(o.trace.ops),
+                o.local_ranks, static_cast<unsigned long long>(o.trace.ops),
                 static_cast<unsigned long long>(o.trace.seed),
                 o.endpoint.empty() ? "" : (", endpoint " + o.endpoint).c_str());
     for (const auto& r : ranks) {

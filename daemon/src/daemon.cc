@@ -167,6 +167,7 @@ int Daemon::Run() {
 
   auto fail = [&](const Status& st) {
     OPGUARD_LOG(LogLevel::kError, st.message());
+    d.service->StopAligner();
     d.query_server->Stop();
     d.ingest->Stop();
     (void)d.store->Close();
@@ -220,6 +221,9 @@ int Daemon::Run() {
   }
   d.maint_cv.notify_all();
   if (d.maintenance.joinable()) d.maintenance.join();
+  // Running alignments give up; their workers must be gone before the query
+  // socket and the store they use.
+  d.service->StopAligner();
   d.query_server->Stop();
   d.ingest->Stop();  // commits and acks what was received
   st = d.store->Close();

@@ -6,6 +6,8 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include <boost/asio/post.hpp>
+
 #include <chrono>
 #include <cstdlib>
 
@@ -97,12 +99,31 @@ class Session : public std::enable_shared_from_this<Session> {
     if (ec) return Close();
     auto& req = parser_->get();
     metrics_->http_requests.fetch_add(1, std::memory_order_relaxed);
-    HttpResponse r;
-    try {
-      r = RouteHttp(std::string(req.method_string()), std::string(req.target()), service_, metrics_, store_);
-    } catch (const std::exception& e) {
-      r = Error(500, std::string("internal error: ") + e.what());
+    std::string method(req.method_string()), target(req.target());
+    if (IsAlignerRoute(target)) {
+      // Off the control thread (signals, health, watchdog); the answer comes
+      // back to this connection's strand. A diff may outlast the idle timeout.
+      stream_.expires_never();
+      service_->RunAligner(false, [self = shared_from_this(), method, target] {
+        HttpResponse r = self->Route(method, target);
+        boost::asio::post(self->stream_.get_executor(), [self, r = std::move(r)]() mutable { self->Write(std::move(r)); });
+      });
+      return;
     }
+    Write(Route(method, target));
+  }
+
+  HttpResponse Route(const std::string& method, const std::string& target) {
+    try {
+      return RouteHttp(method, target, service_, metrics_, store_);
+    } catch (const std::exception& e) {
+      return Error(500, std::string("internal error: ") + e.what());
+    }
+  }
+
+  void Write(HttpResponse r) {
+    auto& req = parser_->get();
+    stream_.expires_after(std::chrono::seconds(30));
     auto res = std::make_shared<http::response<http::string_body>>(static_cast<http::status>(r.status),
                                                                     req.version());
     res->set(http::field::server, "opguardd");
@@ -133,6 +154,15 @@ class Session : public std::enable_shared_from_this<Session> {
 };
 
 }  // namespace
+
+bool IsAlignerRoute(const std::string& target) {
+  std::string_view path = target;
+  if (auto q = path.find('?'); q != std::string_view::npos) path = path.substr(0, q);
+  auto parts = SplitPath(path);
+  if (parts.size() == 2 && parts[0] == "api" && parts[1] == "diff") return true;
+  return parts.size() == 4 && parts[0] == "api" && parts[1] == "runs" &&
+         (parts[3] == "ranks" || parts[3] == "collectives");
+}
 
 HttpResponse RouteHttp(const std::string& method, const std::string& target, QueryService* service,
                        Metrics* metrics, Store* store) {
@@ -171,6 +201,49 @@ HttpResponse RouteHttp(const std::string& method, const std::string& target, Que
       auto run = service->GetRun(parts[2]);
       if (!run.ok()) return Error(HttpStatus(run.status()), run.status().message());
       return Json(200, service->RunJson(*run));
+    }
+    // Aligner queries; timeout= bounds each peer's answer (seconds).
+    uint64_t timeout_s = 0;
+    if (params.count("timeout") && (!ParseU64(params["timeout"], &timeout_s) || timeout_s > 3600)) {
+      return Error(400, "timeout must be seconds (0..3600)");
+    }
+    const uint32_t peer_timeout_ms = static_cast<uint32_t>(timeout_s * 1000);
+    if (parts.size() == 2 && parts[1] == "diff") {
+      if (params["reference"].empty() || params["suspect"].empty()) {
+        return Error(400, "diff needs reference= and suspect= run names");
+      }
+      int64_t rank = -1;
+      if (params.count("rank")) {
+        uint64_t r = 0;
+        if (!ParseU64(params["rank"], &r) || r > UINT32_MAX) return Error(400, "rank must be a number");
+        rank = static_cast<int64_t>(r);
+      }
+      auto j = service->DiffJson(params["reference"], params["suspect"], rank, peer_timeout_ms);
+      if (!j.ok()) return Error(HttpStatus(j.status()), j.status().message());
+      return Json(200, *j);
+    }
+    if (parts.size() == 4 && parts[1] == "runs" && parts[3] == "collectives") {
+      auto j = service->CollectivesJson(parts[2], peer_timeout_ms);
+      if (!j.ok()) return Error(HttpStatus(j.status()), j.status().message());
+      return Json(200, *j);
+    }
+    if (parts.size() == 4 && parts[1] == "runs" && parts[3] == "ranks") {
+      std::vector<uint32_t> replicas;
+      std::string list = params["replicas"];
+      size_t i = 0;
+      while (i < list.size()) {
+        size_t j = list.find(',', i);
+        if (j == std::string::npos) j = list.size();
+        uint64_t r = 0;
+        if (!ParseU64(list.substr(i, j - i), &r) || r > UINT32_MAX) {
+          return Error(400, "replicas must be rank numbers separated by commas");
+        }
+        replicas.push_back(static_cast<uint32_t>(r));
+        i = j + 1;
+      }
+      auto j = service->RanksJson(parts[2], replicas, peer_timeout_ms);
+      if (!j.ok()) return Error(HttpStatus(j.status()), j.status().message());
+      return Json(200, *j);
     }
     if (parts.size() == 6 && parts[1] == "runs" && parts[3] == "ranks" && parts[5] == "trace") {
       uint64_t rank = 0, lane = 0, from = 0, max = 1000;

@@ -6,6 +6,9 @@
 //   GET /api/runs
 //   GET /api/runs/NAME
 //   GET /api/runs/NAME/ranks/R/trace?lane=L&from=OP&max=N
+//   GET /api/diff?reference=A&suspect=B[&rank=R][&timeout=S]   (aligner)
+//   GET /api/runs/NAME/ranks[?replicas=R,R,...][&timeout=S]    (aligner)
+//   GET /api/runs/NAME/collectives[?timeout=S]                 (aligner)
 //   GET /metrics
 //   GET /healthz
 #pragma once
@@ -32,6 +35,10 @@ struct HttpResponse {
   std::string content_type = "application/json";
   std::string body;
 };
+
+// Aligner routes take seconds and fan out to peers: the server runs them on
+// an aligner worker, never on the control thread.
+bool IsAlignerRoute(const std::string& target);
 
 // Routes one request; pure function of the daemon state (unit-testable).
 HttpResponse RouteHttp(const std::string& method, const std::string& target, QueryService* service,

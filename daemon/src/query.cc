@@ -3,12 +3,16 @@
 #include <pthread.h>
 #include <unistd.h>
 
+#include <boost/asio/post.hpp>
+
 #include <algorithm>
 #include <set>
 
 #include "keys.h"
 #include "opguard/common/hex.h"
+#include "opguard/aligner/render.h"
 #include "opguard/common/log.h"
+#include "opguard/daemon/report_wire.h"
 #include "opguard/idl/envelope.h"
 #include "record_copy.h"
 
@@ -62,7 +66,91 @@ QueryService::QueryService(const Config& config, Store* store, Ingest* ingest, M
       store_(store),
       ingest_(ingest),
       metrics_(metrics),
-      started_(std::chrono::steady_clock::now()) {}
+      started_(std::chrono::steady_clock::now()),
+      cluster_(config, store, ingest, Hostname()) {}
+
+bool QueryService::IsAlignerRequest(const void* data, size_t size, bool* local_only) {
+  *local_only = false;
+  wire::AlignedStorage storage;
+  auto opened = wire::OpenEnvelope(data, size, storage);
+  if (!opened.ok()) return false;
+  const wire::Envelope* env = *opened;
+  switch (env->message_type()) {
+    case wire::Message::DiffRequest: *local_only = env->message_as_DiffRequest()->local_only(); return true;
+    case wire::Message::RanksRequest: *local_only = env->message_as_RanksRequest()->local_only(); return true;
+    case wire::Message::CollectivesRequest:
+      *local_only = env->message_as_CollectivesRequest()->local_only();
+      return true;
+    default: return false;
+  }
+}
+
+void QueryService::RunAligner(bool local_only, std::function<void()> job) {
+  auto wrapped = [job = std::move(job)] {
+    pthread_setname_np(pthread_self(), "og-align");
+    job();
+  };
+  if (local_only) {
+    boost::asio::post(peer_pool_, std::move(wrapped));
+  } else {
+    boost::asio::post(align_pool_, std::move(wrapped));
+  }
+}
+
+void QueryService::StopAligner() {
+  if (aligner_stopped_.exchange(true)) return;
+  cluster_.Cancel();
+  align_pool_.stop();
+  peer_pool_.stop();
+  align_pool_.join();
+  peer_pool_.join();
+}
+
+namespace {
+
+Result<std::string> Unwrap(Result<std::string> answer) {
+  if (!answer.ok()) return answer.status();
+  wire::AlignedStorage storage;
+  auto opened = wire::OpenEnvelope(answer->data(), answer->size(), storage);
+  if (!opened.ok()) return Internal("aligner answer: " + opened.status().message());
+  return answer;
+}
+
+}  // namespace
+
+Result<nlohmann::json> QueryService::DiffJson(const std::string& reference, const std::string& suspect,
+                                              int64_t rank, uint32_t peer_timeout_ms) {
+  flatbuffers::FlatBufferBuilder b;
+  b.Finish(wire::CreateDiffRequest(b, b.CreateString(reference), b.CreateString(suspect), rank, false,
+                                   peer_timeout_ms, 0));
+  OPGUARD_ASSIGN_OR_RETURN(std::string bytes,
+                           Unwrap(cluster_.Diff(*flatbuffers::GetRoot<wire::DiffRequest>(b.GetBufferPointer()))));
+  const auto* a = wire::GetEnvelope(bytes.data())->message_as_DiffAnswer();
+  auto j = aligner::ToJson(MergeDiffAnswer(*a));
+  j["nodes"] = NodesJson(a->nodes());
+  return j;
+}
+
+Result<nlohmann::json> QueryService::RanksJson(const std::string& run, const std::vector<uint32_t>& replicas,
+                                               uint32_t peer_timeout_ms) {
+  flatbuffers::FlatBufferBuilder b;
+  b.Finish(wire::CreateRanksRequest(b, b.CreateString(run), false, peer_timeout_ms, b.CreateVector(replicas)));
+  OPGUARD_ASSIGN_OR_RETURN(std::string bytes,
+                           Unwrap(cluster_.Ranks(*flatbuffers::GetRoot<wire::RanksRequest>(b.GetBufferPointer()))));
+  return daemon::RanksJson(*wire::GetEnvelope(bytes.data())->message_as_RanksAnswer());
+}
+
+Result<nlohmann::json> QueryService::CollectivesJson(const std::string& run, uint32_t peer_timeout_ms) {
+  flatbuffers::FlatBufferBuilder b;
+  b.Finish(wire::CreateCollectivesRequest(b, b.CreateString(run), false, peer_timeout_ms));
+  OPGUARD_ASSIGN_OR_RETURN(
+      std::string bytes,
+      Unwrap(cluster_.Collectives(*flatbuffers::GetRoot<wire::CollectivesRequest>(b.GetBufferPointer()))));
+  const auto* a = wire::GetEnvelope(bytes.data())->message_as_CollectivesAnswer();
+  auto j = aligner::ToJson(CheckCollectivesAnswer(*a));
+  j["nodes"] = NodesJson(a->nodes());
+  return j;
+}
 
 void QueryService::SetHttpAddress(std::string address) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -135,7 +223,9 @@ std::string QueryService::Answer(const void* data, size_t size) {
     b.Clear();
     wire::FinishEnvelope(b, wire::CreateErrorAnswer(b, b.CreateString(message)));
   };
-  auto opened = wire::OpenEnvelope(data, size, config_.max_message_bytes);
+  // A received frame may start at any address; FlatBuffers needs alignment.
+  wire::AlignedStorage storage;
+  auto opened = wire::OpenEnvelope(data, size, storage, config_.max_message_bytes);
   if (!opened.ok()) {
     error(opened.status().message());
   } else {
@@ -209,6 +299,20 @@ std::string QueryService::Answer(const void* data, size_t size) {
                    j["disk_bytes"].get<uint64_t>(), b.CreateString(j["http"].get<std::string>()),
                    b.CreateString(config_.ingest), b.CreateString(config_.listen), b.CreateVector(peers)));
         break;
+      }
+      case wire::Message::DiffRequest:
+      case wire::Message::RanksRequest:
+      case wire::Message::CollectivesRequest: {
+        Result<std::string> answer =
+            env->message_type() == wire::Message::DiffRequest ? cluster_.Diff(*env->message_as_DiffRequest())
+            : env->message_type() == wire::Message::RanksRequest
+                ? cluster_.Ranks(*env->message_as_RanksRequest())
+                : cluster_.Collectives(*env->message_as_CollectivesRequest());
+        if (!answer.ok()) {
+          error(answer.status().message());
+          break;
+        }
+        return std::move(answer).value();
       }
       default:
         error(std::string("unsupported request ") + wire::EnumNameMessage(env->message_type()) +
@@ -363,6 +467,10 @@ Status QueryServer::Start() {
     socket_->set(zmq::sockopt::router_mandatory, 1);
     socket_->set(zmq::sockopt::linger, 0);
     socket_->bind(config_.listen);
+    results_endpoint_ = "inproc://og-query-results-" + std::to_string(reinterpret_cast<uintptr_t>(this));
+    results_ = std::make_unique<zmq::socket_t>(*context_, zmq::socket_type::pull);
+    results_->set(zmq::sockopt::linger, 0);
+    results_->bind(results_endpoint_);
   } catch (const zmq::error_t& e) {
     return Unavailable("cannot bind query endpoint " + config_.listen + ": " + e.what());
   }
@@ -373,17 +481,39 @@ Status QueryServer::Start() {
 void QueryServer::Stop() {
   stop_ = true;
   if (thread_.joinable()) thread_.join();
+  results_.reset();
   socket_.reset();
+}
+
+void QueryServer::SendAnswer(std::vector<zmq::message_t>& frames, const std::string& answer) {
+  try {
+    for (size_t i = 0; i + 1 < frames.size(); ++i) {
+      socket_->send(frames[i], zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+    }
+    (void)socket_->send(zmq::buffer(answer), zmq::send_flags::dontwait);
+  } catch (const zmq::error_t&) {
+    // The client gave up (timeout) and disconnected.
+  }
 }
 
 void QueryServer::Loop() {
   pthread_setname_np(pthread_self(), "og-query");
   std::vector<zmq::message_t> frames;
   while (!stop_) {
-    zmq::pollitem_t item{static_cast<void*>(*socket_), 0, ZMQ_POLLIN, 0};
+    zmq::pollitem_t items[2] = {{static_cast<void*>(*socket_), 0, ZMQ_POLLIN, 0},
+                                {static_cast<void*>(*results_), 0, ZMQ_POLLIN, 0}};
     try {
-      zmq::poll(&item, 1, std::chrono::milliseconds(100));
-      if (!(item.revents & ZMQ_POLLIN)) continue;
+      zmq::poll(items, 2, std::chrono::milliseconds(100));
+      if (items[1].revents & ZMQ_POLLIN) {
+        // A finished aligner answer: routing frames, then the answer.
+        frames.clear();
+        if (zmq::recv_multipart(*results_, std::back_inserter(frames), zmq::recv_flags::dontwait) &&
+            frames.size() >= 2) {
+          std::string answer(static_cast<const char*>(frames.back().data()), frames.back().size());
+          SendAnswer(frames, answer);
+        }
+      }
+      if (!(items[0].revents & ZMQ_POLLIN)) continue;
       frames.clear();
       if (!zmq::recv_multipart(*socket_, std::back_inserter(frames), zmq::recv_flags::dontwait)) continue;
     } catch (const zmq::error_t& e) {
@@ -392,15 +522,30 @@ void QueryServer::Loop() {
     }
     if (frames.size() < 2) continue;  // no routing id: nothing to answer to
     metrics_->queries.fetch_add(1, std::memory_order_relaxed);
-    std::string answer = service_->Answer(frames.back().data(), frames.back().size());
-    try {
-      for (size_t i = 0; i + 1 < frames.size(); ++i) {
-        socket_->send(frames[i], zmq::send_flags::sndmore | zmq::send_flags::dontwait);
-      }
-      (void)socket_->send(zmq::buffer(answer), zmq::send_flags::dontwait);
-    } catch (const zmq::error_t&) {
-      // The client gave up (timeout) and disconnected.
+    bool local_only = false;
+    if (QueryService::IsAlignerRequest(frames.back().data(), frames.back().size(), &local_only)) {
+      // Alignments take seconds: run them on a worker and keep serving
+      // (status, trace pages, peers' requests) meanwhile.
+      auto request = std::make_shared<std::vector<zmq::message_t>>(std::move(frames));
+      frames.clear();  // moved-from: make it empty again
+      service_->RunAligner(local_only, [this, request] {
+        std::string answer = service_->Answer(request->back().data(), request->back().size());
+        try {
+          zmq::socket_t push(*context_, zmq::socket_type::push);
+          push.set(zmq::sockopt::linger, 1000);
+          push.connect(results_endpoint_);
+          for (size_t i = 0; i + 1 < request->size(); ++i) {
+            push.send((*request)[i], zmq::send_flags::sndmore);
+          }
+          push.send(zmq::buffer(answer), zmq::send_flags::none);
+        } catch (const zmq::error_t& e) {
+          OPGUARD_LOG(LogLevel::kWarn, std::string("returning an aligner answer: ") + e.what());
+        }
+      });
+      continue;
     }
+    std::string answer = service_->Answer(frames.back().data(), frames.back().size());
+    SendAnswer(frames, answer);
   }
 }
 

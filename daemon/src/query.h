@@ -4,11 +4,16 @@
 // the same answers as JSON. Every method is safe from any thread.
 #pragma once
 
+#include <utility>  // before Boost.Asio: GCC 12 + C++20 needs it first
+
+#include <boost/asio/thread_pool.hpp>
+
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -18,6 +23,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cluster.h"
 #include "ingest.h"
 #include "metrics.h"
 #include "opguard/daemon/config.h"
@@ -53,8 +59,29 @@ class QueryService {
   Status DeleteRun(const std::string& name);
 
   // A verified request envelope in, an answer envelope out (ErrorAnswer on
-  // any failure, never throws).
+  // any failure, never throws). Aligner requests block for as long as the
+  // alignment takes: callers run those through RunAligner.
   std::string Answer(const void* data, size_t size);
+
+  // Whether `data` is an aligner request (diff, ranks, collectives), which
+  // must not run on the ZeroMQ or Asio threads; *local_only is set for a
+  // peer's request.
+  static bool IsAlignerRequest(const void* data, size_t size, bool* local_only);
+  // Runs `job` on an aligner worker thread ("og-align"). Peers' requests
+  // (local_only) get their own pool, so a daemon whose workers all wait for
+  // peers still answers the peers that wait for it. Any thread.
+  void RunAligner(bool local_only, std::function<void()> job);
+  // Cancels running alignments and joins the workers (shutdown, main thread,
+  // before the query server and the store stop).
+  void StopAligner();
+
+  // JSON faces of the aligner queries (docs/report-format.md); they fan out
+  // to the peers like the ZeroMQ requests. Aligner worker threads only.
+  Result<nlohmann::json> DiffJson(const std::string& reference, const std::string& suspect, int64_t rank,
+                                  uint32_t peer_timeout_ms);
+  Result<nlohmann::json> RanksJson(const std::string& run, const std::vector<uint32_t>& replicas,
+                                   uint32_t peer_timeout_ms);
+  Result<nlohmann::json> CollectivesJson(const std::string& run, uint32_t peer_timeout_ms);
 
   // JSON faces (docs/daemon.md documents the fields).
   nlohmann::json RunJson(const RunState& run) const;
@@ -71,6 +98,10 @@ class QueryService {
   const std::chrono::steady_clock::time_point started_;
   mutable std::mutex mu_;
   std::string http_address_;
+  ClusterQueries cluster_;
+  boost::asio::thread_pool align_pool_{2};  // requests from the CLI and HTTP
+  boost::asio::thread_pool peer_pool_{2};   // local_only requests from peer daemons
+  std::atomic<bool> aligner_stopped_{false};
 };
 
 // The ZeroMQ query endpoint: a ROUTER on config.listen served by one thread
@@ -84,11 +115,17 @@ class QueryServer {
 
  private:
   void Loop();
+  void SendAnswer(std::vector<zmq::message_t>& frames, const std::string& answer);
   const Config config_;
   QueryService* service_;
   Metrics* metrics_;
   zmq::context_t* context_;
   std::unique_ptr<zmq::socket_t> socket_;
+  // Aligner answers come back from the worker threads over inproc PUSH ->
+  // this PULL socket (routing frames, then the answer), so only the og-query
+  // thread touches the ROUTER.
+  std::unique_ptr<zmq::socket_t> results_;
+  std::string results_endpoint_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };

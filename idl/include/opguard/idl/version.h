@@ -8,6 +8,6 @@
 namespace opguard::wire {
 
 inline constexpr uint16_t kSchemaMajor = 1;
-inline constexpr uint16_t kSchemaMinor = 0;
+inline constexpr uint16_t kSchemaMinor = 1;  // 1: aligner queries (issue 6)
 
 }  // namespace opguard::wire

@@ -1,0 +1,59 @@
+// Aligner answers on the wire (idl/query.fbs, "Aligner queries"): the
+// conversions between opguard::aligner's report structures and their
+// FlatBuffers tables, and the merges every receiver of a cluster answer runs.
+//
+// Shared by the daemon (a peer builds these tables, the receiving daemon reads
+// and merges them) and the CLI (it renders the merged answer), so that both
+// sides produce the same report from the same bytes. Pure functions, any
+// thread.
+#pragma once
+
+#include <flatbuffers/flatbuffers.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "opguard/aligner/cross_rank.h"
+#include "opguard/aligner/diff.h"
+#include "opguard/aligner/report.h"
+#include "opguard/idl/envelope.h"
+
+namespace opguard::daemon {
+
+flatbuffers::Offset<wire::RankDiff> RankDiffToWire(flatbuffers::FlatBufferBuilder& b,
+                                                   const aligner::RankDiff& d);
+aligner::RankDiff RankDiffFromWire(const wire::RankDiff& w);
+
+flatbuffers::Offset<wire::ReplicaGroup> ReplicaGroupToWire(flatbuffers::FlatBufferBuilder& b,
+                                                           const aligner::ReplicaReport& r,
+                                                           const std::string& node);
+aligner::ReplicaReport ReplicaGroupFromWire(const wire::ReplicaGroup& w);
+
+// The summary record of one collective on one rank: no input tensors, output
+// fingerprints only (what CheckCollectives compares).
+flatbuffers::Offset<wire::CollectiveRecord> CollectiveToWire(flatbuffers::FlatBufferBuilder& b,
+                                                             const aligner::CollectiveEvent& e);
+aligner::CollectiveEvent CollectiveFromWire(const wire::CollectiveRecord& w);
+aligner::Communicator CommunicatorFromWire(const wire::CommunicatorDef& w);
+
+wire::DiffStatus StatusToWire(aligner::DiffStatus s);
+aligner::DiffStatus StatusFromWire(wire::DiffStatus s);
+
+// The cluster answer of `opguard diff`: MergeRankDiffs over every rank in the
+// answer against its expected ranks, plus the answer's own notes (peers that
+// did not answer, runs absent from a node).
+aligner::DiffReport MergeDiffAnswer(const wire::DiffAnswer& a);
+
+// The cluster answer of `opguard collectives`: CheckCollectives over every
+// rank's collective summaries, with the answer's notes and collective gaps.
+aligner::CollectivesReport CheckCollectivesAnswer(const wire::CollectivesAnswer& a);
+
+// `opguard ranks` JSON ("kind": "ranks", docs/report-format.md) and text.
+nlohmann::json RanksJson(const wire::RanksAnswer& a);
+std::string RanksText(const wire::RanksAnswer& a);
+
+// "nodes": who answered a cluster query, for the JSON reports.
+nlohmann::json NodesJson(const flatbuffers::Vector<flatbuffers::Offset<wire::NodeAnswer>>* nodes);
+
+}  // namespace opguard::daemon

@@ -1,0 +1,54 @@
+// The aligner next to the data, and the cluster fan-out (docs/daemon.md,
+// "Cluster queries").
+//
+// ClusterQueries answers DiffRequest, RanksRequest and CollectivesRequest.
+// A request with local_only = false (from the CLI or HTTP) makes this daemon
+// the receiver: it asks every peer the same question with local_only = true,
+// in parallel and bounded by the request's peer timeout, while it aligns the
+// ranks it holds itself; then it merges the small per-rank answers
+// (aligner::MergeRankDiffs, CheckCollectives). Peers answer with RankDiffs
+// (pivots with their collective positions) and one summary record per
+// collective and rank; no trace ever leaves its node. A peer that does not
+// answer in time leaves its ranks missing: the answer is `partial` and names
+// them (expected ranks come from the runs' world size).
+//
+// Threads: every method blocks for as long as the alignment takes and is
+// called on an aligner worker thread (QueryService's pools), never on the
+// ZeroMQ or Asio threads. Methods are safe to call concurrently.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <string>
+
+#include "ingest.h"
+#include "opguard/daemon/config.h"
+#include "opguard/idl/envelope.h"
+#include "store.h"
+
+namespace opguard::daemon {
+
+inline constexpr std::chrono::milliseconds kDefaultPeerTimeout{10000};
+
+class ClusterQueries {
+ public:
+  ClusterQueries(const Config& config, const Store* store, const Ingest* ingest, std::string node);
+
+  // Each returns a finished answer envelope (DiffAnswer, RanksAnswer,
+  // CollectivesAnswer) or an error Status (unknown runs, store errors).
+  Result<std::string> Diff(const wire::DiffRequest& q);
+  Result<std::string> Ranks(const wire::RanksRequest& q);
+  Result<std::string> Collectives(const wire::CollectivesRequest& q);
+
+  // Makes running and later alignments give up (daemon shutdown). Any thread.
+  void Cancel() { cancel_ = true; }
+
+ private:
+  const Config config_;
+  const Store* store_;
+  const Ingest* ingest_;
+  const std::string node_;
+  std::atomic<bool> cancel_{false};
+};
+
+}  // namespace opguard::daemon

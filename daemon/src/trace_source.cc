@@ -1,0 +1,297 @@
+#include "trace_source.h"
+
+#include <rocksdb/iterator.h>
+
+#include <cstring>
+#include <memory>
+
+#include "keys.h"
+
+namespace opguard::daemon {
+namespace {
+
+// FlatBuffers reads in place and needs 8-byte aligned buffers; a RocksDB
+// value slice may start anywhere inside its block.
+template <typename T>
+Result<const T*> OpenValue(const rocksdb::Slice& value, wire::AlignedStorage* storage) {
+  const char* data = value.data();
+  if (reinterpret_cast<uintptr_t>(data) % wire::kBufferAlignment != 0) {
+    storage->resize((value.size() + sizeof(uint64_t) - 1) / sizeof(uint64_t));
+    std::memcpy(storage->data(), data, value.size());
+    data = reinterpret_cast<const char*>(storage->data());
+  }
+  return wire::OpenStored<T>(data, value.size());
+}
+
+aligner::TensorInfo Tensor(const wire::TensorSig* t) {
+  aligner::TensorInfo out;
+  if (t == nullptr) return out;
+  if (const auto* f = t->fingerprint()) out.fingerprint = {f->lo(), f->hi()};
+  out.dtype = static_cast<aligner::DType>(t->dtype());
+  if (t->shape()) out.shape.assign(t->shape()->begin(), t->shape()->end());
+  if (const auto* s = t->stats()) {
+    out.stats =
+        aligner::TensorStats{s->nan_count(), s->inf_count(), s->min(), s->max(), s->sum(), s->l2()};
+  }
+  out.device = t->device();
+  return out;
+}
+
+aligner::CollectiveEvent Collective(const wire::CollectiveRecord& c) {
+  aligner::CollectiveEvent e;
+  e.communicator = c.communicator();
+  e.seq = c.seq();
+  e.phase = c.phase() == wire::CollectivePhase::Entered ? aligner::CollectivePhase::kEntered
+                                                        : aligner::CollectivePhase::kCompleted;
+  e.kind = static_cast<aligner::CollectiveKind>(c.kind());
+  e.dtype = static_cast<aligner::DType>(c.dtype());
+  e.count = c.count();
+  e.root = c.root();
+  e.reduce_op = c.reduce_op();
+  if (c.outputs()) {
+    for (const auto* t : *c.outputs()) {
+      const auto* f = t->fingerprint();
+      e.outputs.push_back(f ? aligner::Fp128{f->lo(), f->hi()} : aligner::Fp128{});
+    }
+  }
+  e.lane = c.lane();
+  e.op_index = c.op_index();
+  e.step = c.step();
+  e.site = c.site();
+  e.time_ns = c.time_ns();
+  return e;
+}
+
+std::unique_ptr<rocksdb::Iterator> RangeIterator(const Store& store, Cf cf,
+                                                 const rocksdb::Slice* upper) {
+  rocksdb::ReadOptions options;
+  options.iterate_upper_bound = upper;
+  options.readahead_size = 2 << 20;
+  // A whole-trace scan would evict the hot blocks ingest and pages use.
+  options.fill_cache = false;
+  return std::unique_ptr<rocksdb::Iterator>(store.db()->NewIterator(options, store.cf(cf)));
+}
+
+Status FromRocks(const rocksdb::Status& s, const char* what) {
+  if (s.ok()) return Status::Ok();
+  return Internal(std::string(what) + ": " + s.ToString());
+}
+
+}  // namespace
+
+void OpDetailFromRecord(const wire::OpRecord& r, aligner::OpDetail* d) {
+  d->lane = r.lane();
+  d->op_index = r.op_index();
+  d->step = r.step();
+  d->name = r.name();
+  d->site = r.site();
+  d->seq_nr = r.seq_nr();
+  d->backward = r.backward();
+  d->inputs.clear();
+  if (r.inputs()) {
+    for (const auto* v : *r.inputs()) {
+      aligner::InputValue in;
+      in.kind = static_cast<aligner::ValueKind>(v->kind());
+      switch (v->kind()) {
+        case wire::ValueKind::Tensor:
+          in.tensor = Tensor(v->tensor());
+          break;
+        case wire::ValueKind::Scalar:
+          in.scalar_bits = v->scalar_bits();
+          in.scalar_dtype = static_cast<aligner::DType>(v->scalar_dtype());
+          break;
+        case wire::ValueKind::TensorList:
+          if (v->tensors()) {
+            for (const auto* t : *v->tensors()) in.tensors.push_back(Tensor(t));
+          }
+          break;
+        default:
+          break;
+      }
+      d->inputs.push_back(std::move(in));
+    }
+  }
+  d->outputs.clear();
+  if (r.outputs()) {
+    for (const auto* t : *r.outputs()) d->outputs.push_back(Tensor(t));
+  }
+  d->kernels.clear();
+  if (r.kernels()) d->kernels.assign(r.kernels()->begin(), r.kernels()->end());
+  d->start_ns = r.start_ns();
+  d->duration_ns = r.duration_ns();
+  d->nondeterministic = r.nondeterministic();
+}
+
+Result<aligner::RankTrace> LoadRankTrace(const Store& store, uint64_t run, uint32_t rank,
+                                         bool with_collectives, const std::atomic<bool>* cancel) {
+  StoreDetails view(&store, run);
+  OPGUARD_ASSIGN_OR_RETURN(aligner::RankTrace trace, view.LoadRank(rank, cancel));
+  if (with_collectives) {
+    OPGUARD_ASSIGN_OR_RETURN(auto all, LoadCollectives(store, run));
+    if (auto it = all.find(rank); it != all.end()) trace.collectives = std::move(it->second);
+  }
+  return trace;
+}
+
+StoreDetails::StoreDetails(const Store* store, uint64_t run)
+    : store_(store), run_(run), upper_(keys::RunBegin(run + 1)), upper_slice_(upper_) {
+  it_ = RangeIterator(*store_, Cf::kOps, &upper_slice_);
+}
+
+StoreDetails::~StoreDetails() = default;
+
+Result<aligner::RankTrace> StoreDetails::LoadRank(uint32_t rank, const std::atomic<bool>* cancel) {
+  std::lock_guard<std::mutex> lock(mu_);
+  aligner::RankTrace trace;
+  trace.rank = rank;
+  const std::string begin = keys::LanePrefix(run_, rank, 0);
+  const std::string_view prefix(begin.data(), 12);  // run | rank
+  {
+    wire::AlignedStorage storage;
+    aligner::OpDetail scratch;
+    aligner::LaneTrace* lane = nullptr;
+    uint64_t n = 0;
+    for (it_->Seek(begin); it_->Valid(); it_->Next()) {
+      if ((++n & 0xFFFF) == 0 && cancel != nullptr && cancel->load(std::memory_order_relaxed)) {
+        return Unavailable("daemon is stopping");
+      }
+      auto key = it_->key();
+      if (!key.starts_with(rocksdb::Slice(prefix.data(), prefix.size()))) break;
+      if (key.size() != 24) continue;
+      const uint32_t lane_id = keys::GetU32(key.data() + 12);
+      auto op = OpenValue<wire::OpRecord>(it_->value(), &storage);
+      if (!op.ok()) {
+        // A corrupt record is a hole in the trace, never a silent pass.
+        const uint64_t idx = keys::GetU64(key.data() + 16);
+        trace.gaps.push_back({lane_id, idx, idx});
+        continue;
+      }
+      if (lane == nullptr || lane->lane != lane_id) {
+        trace.lanes.push_back({lane_id, {}});
+        lane = &trace.lanes.back();
+      }
+      OpDetailFromRecord(**op, &scratch);
+      lane->ops.push_back(aligner::MakeOpEvent(scratch));
+    }
+    OPGUARD_RETURN_IF_ERROR(FromRocks(it_->status(), "reading trace"));
+  }
+  {
+    // events: run | rank | 'g' | lane | first_op -> GapNotice
+    std::string gap_prefix = keys::RunBegin(run_);
+    keys::PutU32(&gap_prefix, rank);
+    gap_prefix.push_back(keys::kGapKind);
+    std::string gap_upper = gap_prefix;
+    gap_upper.back() = static_cast<char>(keys::kGapKind + 1);
+    rocksdb::Slice gap_upper_slice(gap_upper);
+    auto it = RangeIterator(*store_, Cf::kEvents, &gap_upper_slice);
+    wire::AlignedStorage storage;
+    for (it->Seek(gap_prefix); it->Valid(); it->Next()) {
+      auto gap = OpenValue<wire::GapNotice>(it->value(), &storage);
+      if (!gap.ok()) continue;
+      trace.gaps.push_back({(*gap)->lane(), (*gap)->first_op(), (*gap)->last_op()});
+    }
+    OPGUARD_RETURN_IF_ERROR(FromRocks(it->status(), "reading gap notices"));
+  }
+  return trace;
+}
+
+Result<std::map<uint32_t, std::vector<aligner::CollectiveEvent>>> LoadCollectives(
+    const Store& store, uint64_t run) {
+  std::map<uint32_t, std::vector<aligner::CollectiveEvent>> out;
+  const std::string begin = keys::RunBegin(run), upper = keys::RunBegin(run + 1);
+  rocksdb::Slice upper_slice(upper);
+  auto it = RangeIterator(store, Cf::kCollectives, &upper_slice);
+  wire::AlignedStorage storage;
+  for (it->Seek(begin); it->Valid(); it->Next()) {
+    auto key = it->key();
+    if (key.size() != 29) continue;
+    auto c = OpenValue<wire::CollectiveRecord>(it->value(), &storage);
+    if (!c.ok()) continue;
+    out[keys::GetU32(key.data() + 24)].push_back(Collective(**c));
+  }
+  OPGUARD_RETURN_IF_ERROR(FromRocks(it->status(), "reading collectives"));
+  return out;
+}
+
+Result<std::vector<CollectiveGapRange>> LoadCollectiveGaps(const Store& store, uint64_t run,
+                                                           const std::vector<uint32_t>& ranks) {
+  std::vector<CollectiveGapRange> out;
+  for (uint32_t rank : ranks) {
+    std::string prefix = keys::RunBegin(run);
+    keys::PutU32(&prefix, rank);
+    prefix.push_back(keys::kCollectiveGapKind);
+    std::string upper = prefix;
+    upper.back() = static_cast<char>(keys::kCollectiveGapKind + 1);
+    rocksdb::Slice upper_slice(upper);
+    auto it = RangeIterator(store, Cf::kEvents, &upper_slice);
+    wire::AlignedStorage storage;
+    for (it->Seek(prefix); it->Valid(); it->Next()) {
+      auto gap = OpenValue<wire::GapNotice>(it->value(), &storage);
+      if (!gap.ok()) continue;
+      out.push_back({rank, (*gap)->communicator(), (*gap)->first_seq(), (*gap)->last_seq()});
+    }
+    OPGUARD_RETURN_IF_ERROR(FromRocks(it->status(), "reading collective gap notices"));
+  }
+  return out;
+}
+
+Result<std::vector<aligner::Communicator>> LoadCommunicators(const Store& store, uint64_t run) {
+  std::vector<aligner::Communicator> out;
+  std::string prefix = keys::RunBegin(run);
+  prefix.push_back(keys::kCommunicatorKind);
+  std::string upper = prefix;
+  upper.back() = static_cast<char>(keys::kCommunicatorKind + 1);
+  rocksdb::Slice upper_slice(upper);
+  auto it = RangeIterator(store, Cf::kStrings, &upper_slice);
+  wire::AlignedStorage storage;
+  for (it->Seek(prefix); it->Valid(); it->Next()) {
+    auto def = OpenValue<wire::CommunicatorDef>(it->value(), &storage);
+    if (!def.ok()) continue;
+    aligner::Communicator c;
+    c.id = (*def)->id();
+    c.name = (*def)->name() ? (*def)->name()->str() : std::string();
+    if ((*def)->ranks()) c.ranks.assign((*def)->ranks()->begin(), (*def)->ranks()->end());
+    out.push_back(std::move(c));
+  }
+  OPGUARD_RETURN_IF_ERROR(FromRocks(it->status(), "reading communicators"));
+  return out;
+}
+
+std::optional<aligner::OpDetail> StoreDetails::Find(uint32_t rank, uint32_t lane,
+                                                    uint64_t op_index) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string key = keys::OpKey(run_, rank, lane, op_index);
+  it_->Seek(key);
+  if (!it_->Valid() || it_->key() != rocksdb::Slice(key)) return std::nullopt;
+  wire::AlignedStorage storage;
+  auto op = OpenValue<wire::OpRecord>(it_->value(), &storage);
+  if (!op.ok()) return std::nullopt;
+  aligner::OpDetail d;
+  OpDetailFromRecord(**op, &d);
+  return d;
+}
+
+std::optional<std::string> StoreStrings::String(uint64_t id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto it = strings_.find(id); it != strings_.end()) return it->second;
+  auto defs = store_->GetDefs(run_, keys::kStringKind, {id});
+  std::optional<std::string> v;
+  if (auto it = defs.find(id); it != defs.end()) v = it->second;
+  strings_[id] = v;
+  return v;
+}
+
+std::optional<aligner::StringResolver::Site> StoreStrings::SiteOf(uint64_t site_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto it = sites_.find(site_id); it != sites_.end()) return it->second;
+  auto defs = store_->GetDefs(run_, keys::kSiteKind, {site_id});
+  std::optional<Site> v;
+  if (auto it = defs.find(site_id); it != defs.end() && it->second.size() == 20) {
+    const char* p = it->second.data();
+    v = Site{keys::GetU64(p), keys::GetU32(p + 8), keys::GetU64(p + 12)};
+  }
+  sites_[site_id] = v;
+  return v;
+}
+
+}  // namespace opguard::daemon

@@ -1,0 +1,104 @@
+// The aligner's inputs read from this daemon's RocksDB (docs/alignment.md,
+// "Input model"; key layout in keys.h).
+//
+//  * LoadRankTrace streams each (rank, lane) range of the ops column family
+//    into compact OpEvents: one verified OpRecord at a time is turned into an
+//    OpDetail scratch value and reduced by aligner::MakeOpEvent, so memory is
+//    ~80 bytes per op whatever the record sizes.
+//  * Gaps come from the events column family ('g' op gaps; 'G' collective
+//    gaps are returned separately because the aligner's Gap is per lane).
+//  * Collectives come from the collectives column family, which is ordered by
+//    (communicator, seq, rank): one scan per run serves every rank.
+//  * StoreDetails / StoreStrings implement DetailSource / StringResolver with
+//    point lookups, for pivots and report rendering only.
+//
+// Everything here is a read of a consistent RocksDB view at call time; a run
+// still being written is read as far as it is durable. Called from the
+// aligner worker threads; objects are used by one thread at a time.
+#pragma once
+
+#include <rocksdb/iterator.h>
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "opguard/aligner/trace.h"
+#include "opguard/common/status.h"
+#include "opguard/idl/envelope.h"
+#include "store.h"
+
+namespace opguard::daemon {
+
+// The full record as the aligner models it (wire::OpRecord one-to-one).
+void OpDetailFromRecord(const wire::OpRecord& r, aligner::OpDetail* out);
+
+// Ops, op gaps and (when `with_collectives`) this rank's collectives.
+// `cancel`, when set and true, stops the scan early with Cancelled-like error.
+Result<aligner::RankTrace> LoadRankTrace(const Store& store, uint64_t run, uint32_t rank,
+                                         bool with_collectives,
+                                         const std::atomic<bool>* cancel = nullptr);
+
+struct CollectiveGapRange {
+  uint32_t rank = 0;
+  uint64_t communicator = 0;
+  uint64_t first_seq = 0;
+  uint64_t last_seq = 0;
+};
+
+// Every collective record of `run`, by rank (both phases, as stored).
+Result<std::map<uint32_t, std::vector<aligner::CollectiveEvent>>> LoadCollectives(
+    const Store& store, uint64_t run);
+// Collective-gap notices of `ranks` of `run`.
+Result<std::vector<CollectiveGapRange>> LoadCollectiveGaps(const Store& store, uint64_t run,
+                                                           const std::vector<uint32_t>& ranks);
+// Communicator definitions of `run` (the strings column family, kind 'c').
+Result<std::vector<aligner::Communicator>> LoadCommunicators(const Store& store, uint64_t run);
+
+// One consistent view of a run's ops: the traces LoadRank returns and the
+// full records Find returns come from the same RocksDB iterator, so a run
+// still being written cannot change between the scan and the pivot lookup.
+// It also matters for speed: the ops memtable is a vector that RocksDB sorts
+// (a copy) for every new iterator and every Get, so one iterator per run
+// replaces a sort per lookup.
+class StoreDetails final : public aligner::DetailSource {
+ public:
+  StoreDetails(const Store* store, uint64_t run);
+  ~StoreDetails() override;
+
+  // Ops and op gaps of one rank (collectives are attached by the caller).
+  Result<aligner::RankTrace> LoadRank(uint32_t rank, const std::atomic<bool>* cancel = nullptr);
+  std::optional<aligner::OpDetail> Find(uint32_t rank, uint32_t lane,
+                                        uint64_t op_index) const override;
+
+ private:
+  const Store* store_;
+  uint64_t run_;
+  std::string upper_;
+  rocksdb::Slice upper_slice_;
+  mutable std::mutex mu_;
+  std::unique_ptr<rocksdb::Iterator> it_;
+};
+
+// Strings and sites of one run, cached (a report resolves the same few ids
+// many times).
+class StoreStrings final : public aligner::StringResolver {
+ public:
+  StoreStrings(const Store* store, uint64_t run) : store_(store), run_(run) {}
+  std::optional<std::string> String(uint64_t id) const override;
+  std::optional<Site> SiteOf(uint64_t site_id) const override;
+
+ private:
+  const Store* store_;
+  uint64_t run_;
+  mutable std::mutex mu_;
+  mutable std::unordered_map<uint64_t, std::optional<std::string>> strings_;
+  mutable std::unordered_map<uint64_t, std::optional<Site>> sites_;
+};
+
+}  // namespace opguard::daemon

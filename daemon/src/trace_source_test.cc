@@ -1,0 +1,240 @@
+// The RocksDB-backed aligner inputs (trace_source.h) and the wire form of
+// aligner answers (report_wire.h), against a real store.
+#include "trace_source.h"
+
+#include <gtest/gtest.h>
+
+#include "keys.h"
+#include "opguard/aligner/diff.h"
+#include "opguard/aligner/render.h"
+#include "opguard/daemon/report_wire.h"
+#include "opguard/daemon/testing/batch_maker.h"
+
+namespace opguard::daemon {
+namespace {
+
+constexpr uint64_t kAdd = 0x1001, kMul = 0x1002, kFile = 0x2001, kFunc = 0x2002, kSite = 0x3001;
+constexpr uint64_t kComm = 0xC0FFEE;
+
+std::string Op(uint32_t lane, uint64_t index, uint64_t name, uint64_t fp,
+               double scalar_bits_src = 0) {
+  flatbuffers::FlatBufferBuilder b;
+  wire::Fp128 f(fp, fp * 3);
+  std::vector<int64_t> shape{4, 4};
+  auto out = wire::CreateTensorSig(b, &f, wire::DType::Float32, b.CreateVector(shape),
+                                   wire::CreateTensorStats(b, 0, 0, -1, 1, 0.5, 2));
+  auto in_sig = wire::CreateTensorSig(b, &f, wire::DType::Float32, b.CreateVector(shape));
+  std::vector<flatbuffers::Offset<wire::Value>> inputs{
+      wire::CreateValue(b, wire::ValueKind::Tensor, in_sig),
+      wire::CreateValue(b, wire::ValueKind::Scalar, 0, static_cast<uint64_t>(scalar_bits_src),
+                        wire::DType::Float32)};
+  b.Finish(wire::CreateOpRecord(
+      b, lane, index, index / 10, name, kSite, -1, false, b.CreateVector(inputs),
+      b.CreateVector(std::vector<flatbuffers::Offset<wire::TensorSig>>{out})));
+  return std::string(reinterpret_cast<const char*>(b.GetBufferPointer()), b.GetSize());
+}
+
+std::string Collective(uint64_t seq, wire::CollectivePhase phase, uint64_t op_index,
+                       uint64_t count = 16) {
+  flatbuffers::FlatBufferBuilder b;
+  wire::Fp128 f(seq + 1, 7);
+  auto out = wire::CreateTensorSig(b, &f, wire::DType::Float32);
+  b.Finish(wire::CreateCollectiveRecord(
+      b, kComm, seq, phase, wire::CollectiveKind::AllReduce, wire::DType::Float32, count, -1, 0, 0,
+      phase == wire::CollectivePhase::Completed
+          ? b.CreateVector(std::vector<flatbuffers::Offset<wire::TensorSig>>{out})
+          : 0,
+      0, op_index, op_index / 10, kSite, 1000 + seq));
+  return std::string(reinterpret_cast<const char*>(b.GetBufferPointer()), b.GetSize());
+}
+
+std::string Gap(uint32_t lane, uint64_t first, uint64_t last, uint64_t comm = 0) {
+  flatbuffers::FlatBufferBuilder b;
+  b.Finish(wire::CreateGapNotice(b, lane, first, last, last - first + 1, b.CreateString("test"),
+                                 comm, comm ? first : 0, comm ? last : 0));
+  return std::string(reinterpret_cast<const char*>(b.GetBufferPointer()), b.GetSize());
+}
+
+class TraceSourceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    Config config;
+    config.data_dir = dir_.path() + "/data";
+    auto store = Store::Open(config);
+    ASSERT_TRUE(store.ok()) << store.status().message();
+    store_ = std::move(store).value();
+  }
+
+  // Run `run`: rank 0 with 100 ops on lane 0 and 5 on lane 1; from op
+  // `diverge_at` on lane 0 the outputs differ; collectives after every 20 ops.
+  void WriteRun(uint64_t run, uint64_t diverge_at, bool with_gap) {
+    rocksdb::WriteBatch wb;
+    for (uint64_t i = 0; i < 100; ++i) {
+      uint64_t fp = 100 + i + (i >= diverge_at ? 1000000 : 0);
+      wb.Put(store_->cf(Cf::kOps), keys::OpKey(run, 0, 0, i),
+             Op(0, i, i % 2 ? kAdd : kMul, fp, 1077936128));
+    }
+    for (uint64_t i = 0; i < 5; ++i)
+      wb.Put(store_->cf(Cf::kOps), keys::OpKey(run, 0, 1, i), Op(1, i, kAdd, 9 + i));
+    wb.Put(store_->cf(Cf::kOps), keys::OpKey(run, 1, 0, 0),
+           Op(0, 0, kAdd, 1));  // another rank: not read
+    for (uint64_t s = 0; s < 5; ++s) {
+      wb.Put(store_->cf(Cf::kCollectives), keys::CollectiveKey(run, kComm, s, 0, 1),
+             Collective(s, wire::CollectivePhase::Entered, s * 20 + 19));
+      wb.Put(store_->cf(Cf::kCollectives), keys::CollectiveKey(run, kComm, s, 0, 0),
+             Collective(s, wire::CollectivePhase::Completed, s * 20 + 19));
+    }
+    wb.Put(store_->cf(Cf::kCollectives), keys::CollectiveKey(run, kComm, 0, 1, 1),
+           Collective(0, wire::CollectivePhase::Entered, 19, 32));
+    if (with_gap) {
+      wb.Put(store_->cf(Cf::kEvents), keys::EventKey(run, 0, keys::kGapKind, 0, 40),
+             Gap(0, 40, 44));
+      std::string key = keys::RunBegin(run);
+      keys::PutU32(&key, 0);
+      key.push_back(keys::kCollectiveGapKind);
+      keys::PutU64(&key, kComm);
+      keys::PutU64(&key, 7);
+      wb.Put(store_->cf(Cf::kEvents), key, Gap(0, 7, 9, kComm));
+    }
+    wb.Put(store_->cf(Cf::kStrings), keys::DefKey(run, keys::kStringKind, kAdd), "aten::add");
+    wb.Put(store_->cf(Cf::kStrings), keys::DefKey(run, keys::kStringKind, kMul), "aten::mul");
+    wb.Put(store_->cf(Cf::kStrings), keys::DefKey(run, keys::kStringKind, kFile), "train.py");
+    wb.Put(store_->cf(Cf::kStrings), keys::DefKey(run, keys::kStringKind, kFunc), "step");
+    std::string site;
+    keys::PutU64(&site, kFile);
+    keys::PutU32(&site, 214);
+    keys::PutU64(&site, kFunc);
+    wb.Put(store_->cf(Cf::kStrings), keys::DefKey(run, keys::kSiteKind, kSite), site);
+    flatbuffers::FlatBufferBuilder cb;
+    cb.Finish(wire::CreateCommunicatorDef(cb, kComm, cb.CreateString("world"), 2,
+                                          cb.CreateVector(std::vector<uint32_t>{0, 1})));
+    wb.Put(store_->cf(Cf::kStrings), keys::DefKey(run, keys::kCommunicatorKind, kComm),
+           std::string(reinterpret_cast<const char*>(cb.GetBufferPointer()), cb.GetSize()));
+    ASSERT_TRUE(store_->Write(&wb, true).ok());
+  }
+
+  testing::TempDir dir_;
+  std::unique_ptr<Store> store_;
+};
+
+TEST_F(TraceSourceTest, LoadsLanesGapsAndCollectivesOfOneRank) {
+  WriteRun(1, 1000, true);
+  auto trace = LoadRankTrace(*store_, 1, 0, true);
+  ASSERT_TRUE(trace.ok()) << trace.status().message();
+  ASSERT_EQ(trace->lanes.size(), 2u);
+  EXPECT_EQ(trace->lanes[0].ops.size(), 100u);
+  EXPECT_EQ(trace->lanes[1].ops.size(), 5u);
+  EXPECT_EQ(trace->lanes[0].ops[42].op_index, 42u);
+  EXPECT_EQ(trace->lanes[0].ops[42].step, 4u);
+  // The event equals the one the aligner builds from the full record.
+  auto detail = StoreDetails(store_.get(), 1).Find(0, 0, 42);
+  ASSERT_TRUE(detail.has_value());
+  auto event = aligner::MakeOpEvent(*detail);
+  EXPECT_EQ(event.key, trace->lanes[0].ops[42].key);
+  EXPECT_EQ(event.outputs, trace->lanes[0].ops[42].outputs);
+  EXPECT_EQ(event.inputs, trace->lanes[0].ops[42].inputs);
+  ASSERT_EQ(detail->inputs.size(), 2u);
+  EXPECT_EQ(detail->inputs[1].scalar_bits, 1077936128u);
+  ASSERT_EQ(trace->gaps.size(), 1u);  // the collective gap is not an op gap
+  EXPECT_EQ(trace->gaps[0].first_op, 40u);
+  EXPECT_EQ(trace->gaps[0].last_op, 44u);
+  EXPECT_EQ(trace->collectives.size(), 10u);  // both phases
+  EXPECT_FALSE(StoreDetails(store_.get(), 1).Find(0, 0, 100).has_value());
+
+  auto gaps = LoadCollectiveGaps(*store_, 1, {0, 1});
+  ASSERT_TRUE(gaps.ok());
+  ASSERT_EQ(gaps->size(), 1u);
+  EXPECT_EQ((*gaps)[0].first_seq, 7u);
+  EXPECT_EQ((*gaps)[0].last_seq, 9u);
+  auto comms = LoadCommunicators(*store_, 1);
+  ASSERT_TRUE(comms.ok());
+  ASSERT_EQ(comms->size(), 1u);
+  EXPECT_EQ((*comms)[0].name, "world");
+  auto all = LoadCollectives(*store_, 1);
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(all->at(1).size(), 1u);
+
+  StoreStrings strings(store_.get(), 1);
+  EXPECT_EQ(strings.String(kAdd).value_or(""), "aten::add");
+  EXPECT_FALSE(strings.String(0x9999).has_value());
+  auto site = strings.SiteOf(kSite);
+  ASSERT_TRUE(site.has_value());
+  EXPECT_EQ(site->line, 214u);
+  EXPECT_EQ(site->file, kFile);
+}
+
+TEST_F(TraceSourceTest, DiffOverTheStoreFindsThePivotAndItsDetailAndRoundTripsTheWire) {
+  WriteRun(1, 1000, false);
+  WriteRun(2, 57, false);
+  auto ref = LoadRankTrace(*store_, 1, 0, false);
+  auto sus = LoadRankTrace(*store_, 2, 0, true);
+  ASSERT_TRUE(ref.ok() && sus.ok());
+  StoreDetails rd(store_.get(), 1), sd(store_.get(), 2);
+  StoreStrings rs(store_.get(), 1), ss(store_.get(), 2);
+  aligner::DiffContext ctx{&rd, &sd, &rs, &ss, {}};
+  auto diff = aligner::DiffRank(*ref, *sus, ctx);
+  ASSERT_TRUE(diff.ok()) << diff.status().message();
+  ASSERT_EQ(diff->status, aligner::DiffStatus::kDiverged);
+  const auto& fd = *diff->first_divergence;
+  EXPECT_EQ(fd.suspect.op_index, 57u);
+  EXPECT_EQ(fd.op, "aten::add");
+  EXPECT_EQ(fd.suspect.site.file, "train.py");
+  EXPECT_EQ(fd.suspect.site.line, 214u);
+  EXPECT_TRUE(fd.suspect.detail_available);
+  EXPECT_FALSE(fd.inputs_equal);  // the input tensor is the output fingerprint here
+
+  flatbuffers::FlatBufferBuilder b;
+  b.Finish(RankDiffToWire(b, *diff));
+  flatbuffers::Verifier v(b.GetBufferPointer(), b.GetSize());
+  ASSERT_TRUE(v.VerifyBuffer<wire::RankDiff>(nullptr));
+  auto back = RankDiffFromWire(*flatbuffers::GetRoot<wire::RankDiff>(b.GetBufferPointer()));
+  EXPECT_EQ(aligner::ToJson(back).dump(), aligner::ToJson(*diff).dump());
+}
+
+TEST_F(TraceSourceTest, AGapBeforeThePivotMakesTheRankIncomplete) {
+  WriteRun(1, 1000, false);
+  WriteRun(2, 57, true);  // ops 40..44 of the suspect were dropped
+  auto ref = LoadRankTrace(*store_, 1, 0, false);
+  auto sus = LoadRankTrace(*store_, 2, 0, false);
+  ASSERT_TRUE(ref.ok() && sus.ok());
+  auto diff = aligner::DiffRank(*ref, *sus, {});
+  ASSERT_TRUE(diff.ok());
+  EXPECT_EQ(diff->status, aligner::DiffStatus::kIncomplete);
+  ASSERT_EQ(diff->missing.size(), 1u);
+  EXPECT_EQ(diff->missing[0].first_op, 40u);
+}
+
+TEST(ReportWire, CollectiveSummaryRoundTrips) {
+  aligner::CollectiveEvent e;
+  e.communicator = 5;
+  e.seq = 9;
+  e.phase = aligner::CollectivePhase::kEntered;
+  e.kind = aligner::CollectiveKind::kBroadcast;
+  e.dtype = aligner::DType::kBFloat16;
+  e.count = 77;
+  e.root = 3;
+  e.outputs = {{1, 2}, {3, 4}};
+  e.lane = 1;
+  e.op_index = 123;
+  e.step = 4;
+  e.site = 99;
+  e.time_ns = 555;
+  flatbuffers::FlatBufferBuilder b;
+  b.Finish(CollectiveToWire(b, e));
+  auto back =
+      CollectiveFromWire(*flatbuffers::GetRoot<wire::CollectiveRecord>(b.GetBufferPointer()));
+  EXPECT_EQ(back.communicator, 5u);
+  EXPECT_EQ(back.seq, 9u);
+  EXPECT_EQ(back.phase, aligner::CollectivePhase::kEntered);
+  EXPECT_EQ(back.kind, aligner::CollectiveKind::kBroadcast);
+  EXPECT_EQ(back.dtype, aligner::DType::kBFloat16);
+  EXPECT_EQ(back.count, 77u);
+  EXPECT_EQ(back.root, 3);
+  ASSERT_EQ(back.outputs.size(), 2u);
+  EXPECT_EQ(back.outputs[1], (aligner::Fp128{3, 4}));
+  EXPECT_EQ(back.op_index, 123u);
+  EXPECT_EQ(back.time_ns, 555u);
+}
+
+}  // namespace
+}  // namespace opguard::daemon
