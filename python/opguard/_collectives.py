@@ -198,7 +198,7 @@ def _record_op(name, site, in_array, out_array):
 
 
 def _record(phase, kind, comm, seq, count, dtype, root, reduce_op, inputs, outputs, site,
-            entered=None):
+            entered=None, entered_at=None):
     keep = []
     # Completed records carry the inputs as they were at launch (an in-place
     # all-reduce has overwritten them by now).
@@ -206,23 +206,29 @@ def _record(phase, kind, comm, seq, count, dtype, root, reduce_op, inputs, outpu
     outs = _tensor_array(outputs, keep)
     if ins is None or outs is None:
         return None  # device tensors: the collective is not fingerprinted here
+    lane = _state["adapter"].opguard_torch_lane()
     if phase == 1:
         _record_op(f"c10d::{kind} [enter]", site, ins, ins)
+        # Where the collective was issued: after its [enter] boundary. The
+        # Completed record repeats this position, so both phases sit at the
+        # same place in the rank's op order (causality compares positions).
+        issued_at = _state["shim"].opguard_lane_position(lane)
     else:
         _record_op(f"c10d::{kind}", site, entered if entered is not None else ins, outs)
+        issued_at = entered_at
     rec = _Collective()
     rec.struct_size = ctypes.sizeof(_Collective)
     rec.phase, rec.kind, rec.dtype, rec.reduce_op = phase, _KINDS[kind], dtype, reduce_op
     rec.communicator, rec.seq, rec.count = comm, seq, count
     rec.root = root if isinstance(root, int) else -1
-    rec.lane = _state["adapter"].opguard_torch_lane()
-    rec.op_index, rec.step, rec.site = _AUTO, _AUTO, site
+    rec.lane = lane
+    rec.op_index, rec.step, rec.site = issued_at, _AUTO, site
     rec.num_inputs, rec.inputs = ins[1], ins[0]
     rec.num_outputs, rec.outputs = outs[1], outs[0]
     seq_out = ctypes.c_uint64(0)
     if _state["shim"].opguard_record_collective(ctypes.byref(rec), ctypes.byref(seq_out)) != 0:
         return None
-    return seq_out.value, ins
+    return seq_out.value, ins, issued_at
 
 
 def _wrap(kind, original):
@@ -246,12 +252,12 @@ def _wrap(kind, original):
         work = original(*args, **kwargs)
         if entered is None:
             return work
-        seq, entered_inputs = entered
+        seq, entered_inputs, entered_at = entered
 
         def complete():
             try:
                 _record(0, kind, comm, seq, count, dtype, root, reduce_op, inputs, outputs, site,
-                        entered_inputs)
+                        entered_inputs, entered_at)
             except Exception:
                 pass
 
@@ -277,6 +283,8 @@ def install(shim, adapter, skip_prefixes):
     shim.opguard_source_file.restype = ctypes.c_uint64
     shim.opguard_source_file.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t]
     shim.opguard_record_op.argtypes = [ctypes.POINTER(_Op), ctypes.POINTER(ctypes.c_uint64)]
+    shim.opguard_lane_position.restype = ctypes.c_uint64
+    shim.opguard_lane_position.argtypes = [ctypes.c_uint32]
     shim.opguard_fingerprint_host.argtypes = [
         ctypes.c_void_p, ctypes.c_uint8, ctypes.POINTER(ctypes.c_int64), ctypes.c_uint32,
         ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(_Tensor)]

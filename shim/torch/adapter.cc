@@ -18,6 +18,7 @@
 // failure logs once and stops recording; training goes on.
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -130,6 +131,37 @@ class FingerprintCache {
   std::unordered_map<Key, Value, KeyHash> map_;
 };
 
+// Storages holding freshly allocated, not yet written memory (outputs of
+// aten::empty and friends), per thread. Their bytes differ from run to run by
+// definition, and so do views of them (the detach/view an nn.Parameter makes
+// of torch.empty before init.normal_ writes it). A storage leaves the set when
+// an op writes a tensor it was given (in-place or out=: the output is one of
+// the op's input tensors). The weak reference keeps a reused address from
+// matching a new allocation.
+class UninitialisedStorages {
+ public:
+  void Add(const at::Tensor& t) {
+    if (!t.defined() || !t.has_storage()) return;
+    if (map_.size() >= 4096) map_.clear();
+    map_.insert_or_assign(t.storage().unsafeGetStorageImpl(), t.storage().getWeakStorageImpl());
+  }
+  bool Contains(const at::Tensor& t) {
+    if (map_.empty() || !t.defined() || !t.has_storage()) return false;
+    auto it = map_.find(t.storage().unsafeGetStorageImpl());
+    if (it == map_.end()) return false;
+    auto alive = it->second.lock();
+    if (!alive || alive.get() != t.storage().unsafeGetStorageImpl()) {
+      map_.erase(it);
+      return false;
+    }
+    return true;
+  }
+  void Remove(const at::Tensor& t) { map_.erase(t.storage().unsafeGetStorageImpl()); }
+
+ private:
+  std::unordered_map<const c10::StorageImpl*, c10::weak_intrusive_ptr<c10::StorageImpl>> map_;
+};
+
 struct ThreadState {
   int depth = 0;           // FUNCTION scopes currently open on this thread
   int backward_nodes = 0;  // BACKWARD_FUNCTION scopes currently open
@@ -138,6 +170,7 @@ struct ThreadState {
   int64_t lane = -1;
   uint64_t cache_step = 0;
   FingerprintCache cache;
+  UninitialisedStorages uninitialised;
 };
 thread_local ThreadState t_state;
 
@@ -175,7 +208,10 @@ class OpContext : public at::ObserverContext {
   std::vector<opguard_tensor> outputs;
   std::deque<std::vector<int64_t>> shapes;        // stable addresses for opguard_tensor::shape
   std::deque<std::vector<opguard_tensor>> lists;  // for TensorList inputs
+  std::vector<const c10::TensorImpl*> input_impls;  // to tell writes (in-place, out=) from views
+  bool uninitialised_output = false;
 };
+
 
 // Fills `out` with the tensor's fingerprint; false if it has no host bytes
 // OpGuard can read.
@@ -254,6 +290,7 @@ void CollectInputs(const at::RecordFunction& fn, OpContext& ctx, ThreadState& ts
     if (v.isTensor()) {
       const at::Tensor& t = v.toTensor();
       if (t.defined()) {
+        ctx.input_impls.push_back(t.unsafeGetTensorImpl());
         if (!FingerprintTensor(t, ctx, ts, &value.tensor)) ctx.unfingerprintable = true;
         value.kind = OPGUARD_VALUE_TENSOR;
       }
@@ -274,16 +311,40 @@ void CollectInputs(const at::RecordFunction& fn, OpContext& ctx, ThreadState& ts
   }
 }
 
+bool HasUninitialisedOutput(const char* name);
+
+// Tracks uninitialised memory through one output: allocations add it, writes
+// (the output is one of the op's own input tensors) clear it, anything else
+// that returns a view of it is itself uninitialised.
+void TrackUninitialised(const at::RecordFunction& fn, const at::Tensor& t, OpContext& ctx,
+                        ThreadState& ts) {
+  if (HasUninitialisedOutput(fn.name())) {
+    ts.uninitialised.Add(t);
+    ctx.uninitialised_output = true;
+  } else if (ts.uninitialised.Contains(t)) {
+    const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+    bool written = std::find(ctx.input_impls.begin(), ctx.input_impls.end(), impl) !=
+                   ctx.input_impls.end();
+    if (written) {
+      ts.uninitialised.Remove(t);
+    } else {
+      ctx.uninitialised_output = true;
+    }
+  }
+}
+
 bool CollectOutputs(const at::RecordFunction& fn, OpContext& ctx, ThreadState& ts) {
   for (const c10::IValue& v : fn.outputs()) {
     if (v.isTensor()) {
       const at::Tensor& t = v.toTensor();
       if (!t.defined()) continue;
+      TrackUninitialised(fn, t, ctx, ts);
       opguard_tensor out;
       if (!FingerprintTensor(t, ctx, ts, &out)) return false;
       ctx.outputs.push_back(out);
     } else if (v.isTensorList()) {
       for (const at::Tensor& t : v.toTensorList().vec()) {
+        TrackUninitialised(fn, t, ctx, ts);
         opguard_tensor out;
         if (!FingerprintTensor(t, ctx, ts, &out)) return false;
         ctx.outputs.push_back(out);
@@ -381,7 +442,7 @@ void OnFunctionEnd(const at::RecordFunction& fn, OpContext* ctx, ThreadState& ts
   op.name = ctx->name;
   op.site = ctx->site;
   op.flags = ctx->backward ? OPGUARD_OP_BACKWARD : 0;
-  if (HasUninitialisedOutput(fn.name())) op.flags |= OPGUARD_OP_NONDETERMINISTIC;
+  if (ctx->uninitialised_output) op.flags |= OPGUARD_OP_NONDETERMINISTIC;
   if (ctx->seq_nr >= 0) {
     op.seq_nr = ctx->seq_nr;
     op.flags |= OPGUARD_OP_HAS_SEQ_NR;

@@ -94,7 +94,13 @@ class Daemon:
         return result
 
     def cli_json(self, *args):
-        return json.loads(self.cli(*args, "--json").stdout)
+        """JSON answer of a query; exit 1 (diverged, incomplete, partial) still
+        carries a report, anything else is a failure."""
+        result = self.cli(*args, "--json", check=False)
+        if result.returncode not in (0, 1) or not result.stdout.strip():
+            raise AssertionError(f"opguard {' '.join(args)} failed ({result.returncode}): "
+                                 f"{result.stderr}{result.stdout}")
+        return json.loads(result.stdout)
 
     def close(self):
         if self.proc.poll() is None:
@@ -111,8 +117,8 @@ def train(site, daemon, run, ranks=4, steps=3, fault="", launcher="spawn", extra
           timeout=300, args=None):
     """Trains train_gpt.py on `ranks` gloo ranks with OPGUARD=1; returns the
     CompletedProcess (stdout has the loss lines)."""
-    env = site.env(OPGUARD=1, OPGUARD_RUN=run, OPGUARD_ENDPOINT=daemon.ingest,
-                   OPGUARD_FLUSH_TIMEOUT_MS=20000, **(extra_env or {}))
+    env = site.env(**dict({"OPGUARD": 1, "OPGUARD_RUN": run, "OPGUARD_ENDPOINT": daemon.ingest,
+                           "OPGUARD_FLUSH_TIMEOUT_MS": 20000}, **(extra_env or {})))
     args = ["--steps", str(steps)] + (["--fault", fault] if fault else []) + list(args or [])
     if launcher == "spawn":
         cmd = [PYTHON, TRAIN, "--spawn", str(ranks), *args]

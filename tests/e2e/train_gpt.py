@@ -8,8 +8,9 @@ training code, never in OpGuard. RANK selects the one rank that misbehaves:
   --fault reorder:RANK       attention scales after the product instead of
                              before (a changed computation, same source line)
   --fault logging:RANK       extra ops that only observe values (norm logging)
-  --fault swap:RANK          the q/k/v projections run in another order
-                             (independent computations, same source lines)
+  --fault swap:RANK          the token and position embeddings are computed
+                             in the other order (independent computations,
+                             same source lines)
   --fault desync:RANK:STEP   RANK broadcasts from the wrong root at STEP (a
                              desynchronized collective; the job then times out)
 
@@ -19,8 +20,10 @@ Launch: torchrun --nproc_per_node 4 train_gpt.py --steps 3, or
 import argparse
 import ctypes
 import datetime
+import json
 import math
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -38,23 +41,12 @@ class Attention(nn.Module):
         self.out = nn.Linear(d_model, d_model)
         self.fault = fault
 
-    def project(self, which, x):
-        if which == "q":
-            return self.q(x)
-        if which == "k":
-            return self.k(x)
-        return self.v(x)
-
     def forward(self, x):
         b, t, c = x.shape
         h = self.heads
-        # The same source lines in either order: the "swap" fault reorders
-        # independent computations without moving any line.
-        order = "vkq" if self.fault == "swap" else "qkv"
-        proj = {which: self.project(which, x) for which in order}
-        q = proj["q"].view(b, t, h, c // h).transpose(1, 2)
-        k = proj["k"].view(b, t, h, c // h).transpose(1, 2)
-        v = proj["v"].view(b, t, h, c // h).transpose(1, 2)
+        q = self.q(x).view(b, t, h, c // h).transpose(1, 2)
+        k = self.k(x).view(b, t, h, c // h).transpose(1, 2)
+        v = self.v(x).view(b, t, h, c // h).transpose(1, 2)
         scale = 1.0 / math.sqrt(c // h)
         # "reorder" (wrong order of two operations) scales after the product.
         scores = torch.matmul(q, k.transpose(-2, -1)) * scale if self.fault == "reorder" else torch.matmul(q * scale, k.transpose(-2, -1))
@@ -82,17 +74,28 @@ class Block(nn.Module):
 
 
 class TinyGPT(nn.Module):
-    def __init__(self, vocab=64, d_model=32, heads=2, layers=2, seq=16, fault=""):
+    def __init__(self, vocab=64, d_model=32, heads=4, layers=2, seq=16, fault=""):
         super().__init__()
         self.tok = nn.Embedding(vocab, d_model)
         self.pos = nn.Embedding(seq, d_model)
         self.blocks = nn.ModuleList(Block(d_model, heads, fault) for _ in range(layers))
+        self.fault = fault
         self.ln = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab, bias=False)
 
+    def embed(self, which, idx):
+        if which == "tok":
+            return self.tok(idx)
+        return self.pos(torch.arange(idx.shape[1]))
+
     def forward(self, idx):
-        t = idx.shape[1]
-        x = self.tok(idx) + self.pos(torch.arange(t))
+        # The same source lines in either order: the "swap" fault reorders two
+        # independent computations without moving any line. (Not q/k/v: they
+        # share their input, so their order changes the order in which
+        # autograd sums that input's gradient, which changes its bits.)
+        order = ("pos", "tok") if self.fault == "swap" else ("tok", "pos")
+        parts = {which: self.embed(which, idx) for which in order}
+        x = parts["tok"] + parts["pos"]
         for block in self.blocks:
             x = block(x)
         return self.head(self.ln(x))
@@ -122,7 +125,9 @@ def train(rank, world, args):
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     gen = torch.Generator().manual_seed(100 + rank)  # each rank its own data shard
     lr_scale = torch.ones(1)
+    step_times = []
     for step in range(args.steps):
+        started = time.perf_counter()
         # Rank 0 decides the step's learning-rate scale for everyone.
         root = rank if kind == "desync" and rank == fault_rank and step == fault_step else 0
         dist.broadcast(lr_scale, src=root)
@@ -140,6 +145,30 @@ def train(rank, world, args):
         opt.step()
         if rank == 0:
             print(f"step {step} loss {loss.item():.6f}", flush=True)
+        step_times.append(time.perf_counter() - started)
+    if args.times and rank == 0:
+        with open(args.times, "w") as f:
+            json.dump(step_times, f)
+
+
+class HashEveryOutput:
+    """The approach of PyTorch's DebugMode for comparison in the overhead
+    benchmark: a Python TorchDispatchMode that hashes every op's outputs."""
+
+    def __new__(cls):
+        import hashlib
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils._pytree import tree_flatten
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                for t in tree_flatten(out)[0]:
+                    if isinstance(t, torch.Tensor) and t.layout == torch.strided:
+                        hashlib.blake2b(t.detach().contiguous().numpy().tobytes()).digest()
+                return out
+
+        return Mode()
 
 
 def run_rank(rank, world, args):
@@ -149,7 +178,11 @@ def run_rank(rank, world, args):
     dist.init_process_group("gloo", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=args.timeout))
     try:
-        train(rank, world, args)
+        if args.hash_every_output:
+            with HashEveryOutput():
+                train(rank, world, args)
+        else:
+            train(rank, world, args)
     finally:
         dist.destroy_process_group()
 
@@ -158,6 +191,9 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--fault", default="")
+    parser.add_argument("--times", default="", help="rank 0 writes its step wall times here")
+    parser.add_argument("--hash-every-output", action="store_true",
+                        help="hash every op output in a Python TorchDispatchMode (benchmark)")
     parser.add_argument("--timeout", type=int, default=60,
                         help="seconds a collective may wait for the other ranks")
     parser.add_argument("--spawn", type=int, default=0,

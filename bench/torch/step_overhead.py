@@ -1,0 +1,98 @@
+"""Training-step wall time of the end-to-end model (tests/e2e/train_gpt.py,
+2 gloo ranks, CPU) three ways, measured in one run and interleaved so that
+machine noise hits all three alike:
+  plain      no OpGuard
+  opguard    OPGUARD=1, recording into a real opguardd (--local, temp dir)
+  dispatch   a Python TorchDispatchMode hashing every op output (the approach
+             of PyTorch's DebugMode), no OpGuard
+Prints Google-Benchmark-shaped JSON (scripts/bench.sh renders the table):
+median step time per mode and the ratios to plain.
+
+usage: step_overhead.py BUILD_DIR [--steps N] [--rounds R]
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TRAIN = os.path.join(ROOT, "tests", "e2e", "train_gpt.py")
+PYTHON = "/usr/bin/python3"
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("build")
+    parser.add_argument("--steps", type=int, default=25)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+
+    tmp = tempfile.mkdtemp(prefix="opguard-overhead-")
+    daemon = None
+    try:
+        ver = f"python{sys.version_info.major}.{sys.version_info.minor}"
+        ver = subprocess.run([PYTHON, "-c", "import sys; print(f'python{sys.version_info.major}."
+                              "{sys.version_info.minor}')"], capture_output=True,
+                             text=True).stdout.strip() or ver
+        site = os.path.join(tmp, "userbase", "lib", ver, "site-packages")
+        os.makedirs(site)
+        shutil.copytree(os.path.join(args.build, "python", "opguard"),
+                        os.path.join(site, "opguard"))
+        shutil.copy(os.path.join(args.build, "python", "opguard-autoload.pth"), site)
+        daemon = subprocess.Popen([os.path.join(args.build, "daemon", "opguardd"), "--local",
+                                   os.path.join(tmp, "d"), "--http", "off"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        query = f"ipc://{tmp}/d/query.sock"
+        cli = os.path.join(args.build, "cli", "opguard")
+        for _ in range(300):
+            if subprocess.run([cli, "status", "--daemon", query],
+                              capture_output=True).returncode == 0:
+                break
+            time.sleep(0.1)
+
+        base_env = dict(os.environ, PYTHONUSERBASE=os.path.join(tmp, "userbase"),
+                        OMP_NUM_THREADS="1")
+        for key in ("OPGUARD", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+            base_env.pop(key, None)
+        modes = {
+            "plain": ({}, []),
+            "opguard": ({"OPGUARD": "1", "OPGUARD_ENDPOINT": f"ipc://{tmp}/d/ingest.sock"}, []),
+            "dispatch": ({}, ["--hash-every-output"]),
+        }
+        samples = {mode: [] for mode in modes}
+        for round_ in range(args.rounds):
+            for mode, (extra_env, extra_args) in modes.items():
+                times = os.path.join(tmp, f"{mode}-{round_}.json")
+                env = dict(base_env, **extra_env)
+                if mode == "opguard":
+                    env["OPGUARD_RUN"] = f"overhead-{round_}"
+                subprocess.run([PYTHON, TRAIN, "--spawn", "2", "--steps", str(args.steps),
+                                "--times", times, *extra_args], env=env, check=True,
+                               capture_output=True, timeout=900)
+                with open(times) as f:
+                    samples[mode].extend(json.load(f)[2:])  # first steps warm up
+        medians = {mode: statistics.median(values) for mode, values in samples.items()}
+        benchmarks = []
+        for mode, median in medians.items():
+            entry = {"name": f"train_step/{mode}", "run_type": "iteration",
+                     "iterations": len(samples[mode]), "real_time": median * 1e3,
+                     "cpu_time": median * 1e3, "time_unit": "ms"}
+            if mode != "plain":
+                entry["ratio_to_plain"] = median / medians["plain"]
+            benchmarks.append(entry)
+        print(json.dumps({"context": {"steps": args.steps, "rounds": args.rounds, "ranks": 2},
+                          "benchmarks": benchmarks}, indent=1))
+    finally:
+        if daemon is not None:
+            daemon.terminate()
+            daemon.wait(timeout=30)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+"""Real training, real daemon: faults injected by the training code itself
+(train_gpt.py --fault), and OpGuard must name the exact rank, step, op and
+source line — and the first diverging rank, not the ranks infected later."""
+import json
+import os
+import subprocess
+import unittest
+import urllib.request
+
+import harness
+
+TRAIN = harness.TRAIN
+RANKS = 4
+STEPS = 3
+
+
+class Faults(harness.DaemonTestCase):
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        harness.train(cls.site, cls.daemon, "ref", ranks=RANKS, steps=STEPS)
+
+    def diff(self, suspect, reference="ref"):
+        report = self.daemon.cli_json("diff", reference, suspect)
+        self.assertEqual(report["kind"], "diff")
+        return report
+
+    def assert_pivot(self, report, rank, step, op, line):
+        self.assertEqual(report["status"], "diverged", json.dumps(report, indent=1)[:3000])
+        first = report["first_divergence"]
+        self.assertEqual(first["rank"], rank)
+        self.assertEqual(first["step"], step)
+        self.assertEqual(first["op"], op)
+        for run in ("reference", "suspect"):
+            site = first["site"][run]
+            self.assertEqual(os.path.basename(site["file"]), "train_gpt.py", site)
+            self.assertEqual(site["line"], line, site)
+        self.assertEqual(report["diverging_ranks"], [rank])
+        return first
+
+    def test_clean_rerun_is_identical(self):
+        harness.train(self.site, self.daemon, "ref-again", ranks=RANKS, steps=STEPS)
+        report = self.diff("ref-again")
+        self.assertEqual(report["status"], "identical", json.dumps(report)[:2000])
+        self.assertIsNone(report["first_divergence"])
+        self.assertEqual(report["diverging_ranks"], [])
+        text = self.daemon.cli("diff", "ref", "ref-again", check=False)
+        self.assertEqual(text.returncode, 0, text.stdout + text.stderr)
+
+    def test_bit_flip_in_one_ranks_gradient(self):
+        harness.train(self.site, self.daemon, "bitflip", ranks=RANKS, steps=STEPS,
+                      fault="bitflip:1:1")
+        report = self.diff("bitflip")
+        # The flipped gradient is first consumed by its all-reduce on rank 1:
+        # the buffer handed to the collective already differs (no recorded op
+        # produced the change: inputs differ). Every other rank diverges only
+        # at that collective's output and is explained by rank 1.
+        first = self.assert_pivot(report, rank=1, step=1, op="c10d::all_reduce [enter]",
+                                  line=harness.line_of(TRAIN, "dist.all_reduce(p.grad)"))
+        self.assertFalse(first["inputs_equal"])
+        explained = {e["rank"]: e["from_rank"] for e in report["explained"]}
+        self.assertEqual(explained, {0: 1, 2: 1, 3: 1})
+        text = self.daemon.cli("diff", "ref", "bitflip", check=False)
+        self.assertEqual(text.returncode, 1)
+        self.assertIn("rank 1 · step 1 · c10d::all_reduce [enter]", text.stdout)
+
+    def test_changed_computation_in_one_function(self):
+        harness.train(self.site, self.daemon, "reorder", ranks=RANKS, steps=STEPS,
+                      fault="reorder:2")
+        report = self.diff("reorder")
+        first = self.assert_pivot(report, rank=2, step=0, op="aten::matmul",
+                                  line=harness.line_of(TRAIN, "scores = torch.matmul(q, k"))
+        self.assertFalse(first["inputs_equal"])  # q is scaled in one run only
+        self.assertEqual({e["rank"] for e in report["explained"]}, {0, 1, 3})
+
+    def test_extra_logging_ops_are_not_a_divergence(self):
+        harness.train(self.site, self.daemon, "logging", ranks=RANKS, steps=STEPS,
+                      fault="logging:3")
+        report = self.diff("logging")
+        self.assertEqual(report["status"], "identical", json.dumps(report)[:2000])
+        rank3 = next(r for r in report["ranks"] if r["rank"] == 3)
+        self.assertGreater(rank3["unaligned_total"]["suspect"], 0)
+        self.assertEqual(rank3["unaligned_total"]["reference"], 0)
+
+    def test_swapped_independent_computations_are_not_a_divergence(self):
+        harness.train(self.site, self.daemon, "swap", ranks=RANKS, steps=STEPS, fault="swap:2")
+        report = self.diff("swap")
+        self.assertEqual(report["status"], "identical", json.dumps(report)[:2000])
+        rank2 = next(r for r in report["ranks"] if r["rank"] == 2)
+        self.assertGreater(rank2["reordered"], 0)
+
+    def test_desynchronized_collective(self):
+        env = {"OPGUARD_FLUSH_TIMEOUT_MS": 20000}
+        with self.assertRaises(AssertionError):  # the job times out, as a real desync would
+            harness.train(self.site, self.daemon, "desync", ranks=RANKS, steps=STEPS,
+                          fault="desync:1:1", extra_env=env, timeout=180,
+                          args=["--timeout", "10"])
+        report = self.daemon.cli_json("collectives", "desync")
+        self.assertEqual(len(report["desyncs"]), 1, json.dumps(report)[:3000])
+        desync = report["desyncs"][0]
+        self.assertIn("root", desync["fields"])
+        line = harness.line_of(TRAIN, "dist.broadcast(lr_scale")
+        by_rank = {m["rank"]: m for m in desync["members"]}
+        self.assertEqual(sorted(by_rank), list(range(RANKS)))
+        self.assertEqual(by_rank[1]["root"], 1)
+        for rank in (0, 2, 3):
+            self.assertEqual(by_rank[rank]["root"], 0)
+        for member in by_rank.values():
+            self.assertEqual(member["step"], 1)
+            self.assertEqual(member["site"]["line"], line)
+
+
+class AsyncCollective(harness.DaemonTestCase):
+    def test_async_all_reduce_is_fingerprinted_after_completion(self):
+        out = os.path.join(self.tmp, "async")
+        os.makedirs(out)
+        env = self.site.env(OPGUARD=1, OPGUARD_RUN="async", OPGUARD_ENDPOINT=self.daemon.ingest)
+        subprocess.run([harness.PYTHON, os.path.join(harness.HERE, "collective_async.py"), out],
+                       env=env, check=True, timeout=300, capture_output=True)
+        http = self.daemon.status["http"]
+        for rank in (0, 1):
+            url = f"http://{http}/api/runs/async/ranks/{rank}/trace?lane=0&from=0&max=10000"
+            with urllib.request.urlopen(url, timeout=30) as answer:
+                ops = json.load(answer)["ops"]
+            recorded = [op for op in ops if op["name"] == "c10d::all_reduce"]
+            self.assertEqual(len(recorded), 1, [op["name"] for op in ops])
+            final = self.fingerprint(os.path.join(out, f"final-{rank}.bin"))
+            launched = self.fingerprint(os.path.join(out, f"input-{rank}.bin"))
+            self.assertNotEqual(final, launched)
+            self.assertEqual(recorded[0]["outputs"][0]["fingerprint"], final)
+
+    def fingerprint(self, path):
+        result = subprocess.run([os.environ["OPGUARD_CLI"], "fingerprint", "--dtype", "float32",
+                                 "--shape", "4096", path], capture_output=True, text=True,
+                                check=True)
+        return result.stdout.strip()
+
+
+if __name__ == "__main__":
+    unittest.main()
