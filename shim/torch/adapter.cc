@@ -17,14 +17,14 @@
 // Rules of the shim apply: callbacks never throw into torch; any unexpected
 // failure logs once and stops recording; training goes on.
 #include <ATen/ATen.h>
+#include <c10/util/SmallVector.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
-#include <deque>
-#include <map>
 #include <mutex>
 #include <sstream>
 #include <string>
@@ -45,10 +45,14 @@ constexpr uint32_t kBackwardLane = 1;  // autograd worker threads (device backwa
 std::atomic<bool> g_recording{false};
 std::atomic<bool> g_registered{false};
 std::atomic<bool> g_all_depths{false};
+// Nested ops are switched off inside recorded top-level ops (see
+// OnFunctionStart): only with the default depth and no foreign global observer.
+std::atomic<bool> g_skip_nested{false};
 std::atomic<uint32_t> g_next_lane{2};
 std::atomic<uint64_t> g_step{0};
 std::thread::id g_main_thread;
 at::CallbackHandle g_handle = 0;
+bool g_foreign_global_observer = false;  // a global RecordFunction observer before ours
 
 void DisableOnce(const char* what) {
   if (g_recording.exchange(false)) {
@@ -57,32 +61,44 @@ void DisableOnce(const char* what) {
 }
 
 // Maps autograd sequence numbers to the forward op that created the nodes, so
-// backward ops carry the forward op's call site. Entries of old steps are
-// dropped to bound memory.
+// backward ops carry the forward op's call site. Ranges are kept sorted by
+// their first sequence number in a flat vector (a thread's sequence numbers
+// only grow, so Add appends); the oldest half is dropped to bound memory.
 class ForwardSites {
  public:
   struct Entry {
+    int64_t begin;
     int64_t end;  // exclusive
     uint64_t site;
-    uint64_t step;
   };
   void Add(int64_t begin, int64_t end, uint64_t site) {
     if (end <= begin || site == 0) return;
     std::lock_guard<std::mutex> lock(mu_);
-    map_[begin] = Entry{end, site, g_step.load(std::memory_order_relaxed)};
-    if (map_.size() > 1u << 20) map_.erase(map_.begin(), std::next(map_.begin(), 1 << 19));
+    if (entries_.empty() || begin > entries_.back().begin) {
+      entries_.push_back(Entry{begin, end, site});
+    } else {
+      auto it = std::lower_bound(entries_.begin(), entries_.end(), begin,
+                                 [](const Entry& e, int64_t b) { return e.begin < b; });
+      if (it != entries_.end() && it->begin == begin) {
+        *it = Entry{begin, end, site};
+      } else {
+        entries_.insert(it, Entry{begin, end, site});
+      }
+    }
+    if (entries_.size() > 1u << 20) entries_.erase(entries_.begin(), entries_.begin() + (1 << 19));
   }
   uint64_t Lookup(int64_t seq) {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = map_.upper_bound(seq);
-    if (it == map_.begin()) return 0;
+    auto it = std::upper_bound(entries_.begin(), entries_.end(), seq,
+                               [](int64_t s, const Entry& e) { return s < e.begin; });
+    if (it == entries_.begin()) return 0;
     --it;
-    return seq < it->second.end ? it->second.site : 0;
+    return seq < it->end ? it->site : 0;
   }
 
  private:
   std::mutex mu_;
-  std::map<int64_t, Entry> map_;
+  std::vector<Entry> entries_;
 };
 ForwardSites* g_forward_sites = new ForwardSites();
 
@@ -162,6 +178,44 @@ class UninitialisedStorages {
   std::unordered_map<const c10::StorageImpl*, c10::weak_intrusive_ptr<c10::StorageImpl>> map_;
 };
 
+// Interned names by the address of the name RecordFunction hands out. Names
+// of dispatcher ops are the operator's schema name, which lives as long as the
+// process; other names may live in the RecordFunction itself, so a hit is
+// only taken when the text is still the same (the address may be reused).
+class NameIds {
+ public:
+  uint64_t Get(const char* name) {
+    auto it = by_ptr_.find(name);
+    if (it != by_ptr_.end() && it->second.text == name) return it->second.id;
+    uint64_t id = opguard_intern(name, std::strlen(name));
+    if (by_ptr_.size() >= 4096) by_ptr_.clear();
+    by_ptr_.insert_or_assign(name, Entry{name, id});
+    return id;
+  }
+  // "aten::mm [AddmmBackward0]" for an op inside autograd node `node`.
+  uint64_t GetBackward(const char* name, const std::string& node) {
+    scratch_.assign(name);
+    scratch_ += " [";
+    scratch_ += node;
+    scratch_ += ']';
+    auto it = by_text_.find(scratch_);
+    if (it != by_text_.end()) return it->second;
+    uint64_t id = opguard_intern(scratch_.data(), scratch_.size());
+    if (by_text_.size() >= 4096) by_text_.clear();
+    by_text_.emplace(scratch_, id);
+    return id;
+  }
+
+ private:
+  struct Entry {
+    std::string text;
+    uint64_t id;
+  };
+  std::unordered_map<const char*, Entry> by_ptr_;
+  std::unordered_map<std::string, uint64_t> by_text_;
+  std::string scratch_;
+};
+
 struct ThreadState {
   int depth = 0;           // FUNCTION scopes currently open on this thread
   int backward_nodes = 0;  // BACKWARD_FUNCTION scopes currently open
@@ -171,6 +225,8 @@ struct ThreadState {
   uint64_t cache_step = 0;
   FingerprintCache cache;
   UninitialisedStorages uninitialised;
+  NameIds names;
+  std::vector<uint8_t> gather;  // strided tensors in logical order (GatherLogical)
 };
 thread_local ThreadState t_state;
 
@@ -193,28 +249,123 @@ uint64_t NowNs() {
                                    .count());
 }
 
+// Blocks of OpContext size kept per thread, so that recording an op does not
+// go to malloc for its context (a few KiB of inline storage). A context freed
+// on another thread, or after its thread's pool is gone, goes to that
+// thread's pool or back to the heap.
+struct ContextPool {
+  static constexpr int kMax = 32;
+  void* blocks[kMax];
+  int count = 0;
+  ~ContextPool();
+};
+thread_local bool t_pool_gone = false;  // trivially destructible: safe after ~ContextPool
+thread_local ContextPool t_pool;
+ContextPool::~ContextPool() {
+  t_pool_gone = true;
+  while (count > 0) ::operator delete(blocks[--count]);
+}
+
 // Storage for everything an opguard_op points to, kept until the record call.
-class OpContext : public at::ObserverContext {
+// Shapes and tensor lists live in flat arrays that may grow while the op is
+// collected, so opguard_tensor::shape and opguard_value::tensors hold offsets
+// into them (see AsOffset) until Resolve() turns them into pointers.
+class OpContext final : public at::ObserverContext {
  public:
-  bool record = false;
+  static void* operator new(size_t size) {
+    if (size == sizeof(OpContext) && !t_pool_gone && t_pool.count > 0) {
+      return t_pool.blocks[--t_pool.count];
+    }
+    return ::operator new(size);
+  }
+  static void operator delete(void* p, size_t size) {
+    if (size == sizeof(OpContext) && !t_pool_gone && t_pool.count < ContextPool::kMax) {
+      t_pool.blocks[t_pool.count++] = p;
+      return;
+    }
+    ::operator delete(p);
+  }
+
   bool unfingerprintable = false;
   bool backward = false;
+  bool uninitialised_output = false;
+  bool reenable_record_function = false;  // nested ops were switched off at start
   uint64_t name = 0;
   uint64_t site = 0;
   int64_t seq_nr = -1;
   int64_t seq_begin = -1;
   uint64_t start_ns = 0;
-  std::vector<opguard_value> inputs;
-  std::vector<opguard_tensor> outputs;
-  std::deque<std::vector<int64_t>> shapes;        // stable addresses for opguard_tensor::shape
-  std::deque<std::vector<opguard_tensor>> lists;  // for TensorList inputs
-  std::vector<const c10::TensorImpl*> input_impls;  // to tell writes (in-place, out=) from views
-  bool uninitialised_output = false;
+  c10::SmallVector<opguard_value, 8> inputs;
+  c10::SmallVector<opguard_tensor, 4> outputs;
+  c10::SmallVector<int64_t, 48> dims;              // every tensor's shape, back to back
+  c10::SmallVector<opguard_tensor, 8> list_tensors;  // TensorList inputs, back to back
+  c10::SmallVector<const c10::TensorImpl*, 8> input_impls;  // to tell writes from views
+
+  static const int64_t* AsOffset(size_t offset) {
+    return reinterpret_cast<const int64_t*>(static_cast<uintptr_t>(offset));
+  }
+  void ResolveTensor(opguard_tensor& t) const {
+    t.shape = dims.data() + reinterpret_cast<uintptr_t>(t.shape);
+  }
+  void Resolve() {
+    for (opguard_tensor& t : list_tensors) ResolveTensor(t);
+    for (opguard_value& v : inputs) {
+      if (v.kind == OPGUARD_VALUE_TENSOR) {
+        ResolveTensor(v.tensor);
+      } else if (v.kind == OPGUARD_VALUE_TENSOR_LIST) {
+        v.tensors = list_tensors.data() + reinterpret_cast<uintptr_t>(v.tensors);
+      }
+    }
+    for (opguard_tensor& t : outputs) ResolveTensor(t);
+  }
 };
 
+// Copies the elements of a strided tensor into `buf` in logical (row-major)
+// order. False (nothing copied) above kMaxGatherBytes: the fingerprint then
+// reads the strided tensor itself.
+constexpr size_t kMaxGatherBytes = 1u << 20;
+bool GatherLogical(const void* data, size_t element_size, at::IntArrayRef sizes,
+                   at::IntArrayRef strides, std::vector<uint8_t>& buf) {
+  const size_t ndim = sizes.size();
+  if (ndim == 0) return false;
+  size_t numel = 1;
+  for (int64_t d : sizes) numel *= static_cast<size_t>(d);
+  if (numel == 0 || numel * element_size > kMaxGatherBytes) return false;
+  buf.resize(numel * element_size);
+  const auto* base = static_cast<const uint8_t*>(data);
+  uint8_t* out = buf.data();
+  const int64_t inner = sizes[ndim - 1];
+  const int64_t inner_step = strides[ndim - 1] * static_cast<int64_t>(element_size);
+  c10::SmallVector<int64_t, 8> index(ndim, 0);
+  int64_t row_offset = 0;  // in elements, of index[0 .. ndim-2]
+  for (size_t done = 0; done < numel; done += static_cast<size_t>(inner)) {
+    const uint8_t* src = base + row_offset * static_cast<int64_t>(element_size);
+    if (inner_step == static_cast<int64_t>(element_size)) {
+      std::memcpy(out, src, static_cast<size_t>(inner) * element_size);
+      out += static_cast<size_t>(inner) * element_size;
+    } else {
+      for (int64_t i = 0; i < inner; ++i, out += element_size, src += inner_step) {
+        switch (element_size) {
+          case 1: *out = *src; break;
+          case 2: std::memcpy(out, src, 2); break;
+          case 4: std::memcpy(out, src, 4); break;
+          case 8: std::memcpy(out, src, 8); break;
+          default: std::memcpy(out, src, element_size); break;
+        }
+      }
+    }
+    for (size_t d = ndim - 1; d-- > 0;) {
+      row_offset += strides[d];
+      if (++index[d] < sizes[d]) break;
+      row_offset -= strides[d] * sizes[d];
+      index[d] = 0;
+    }
+  }
+  return true;
+}
 
-// Fills `out` with the tensor's fingerprint; false if it has no host bytes
-// OpGuard can read.
+// Fills `out` with the tensor's fingerprint (its shape as an offset into
+// ctx.dims); false if it has no host bytes OpGuard can read.
 bool FingerprintTensor(const at::Tensor& t, OpContext& ctx, ThreadState& ts, opguard_tensor* out) {
   std::memset(out, 0, sizeof(*out));
   if (!t.defined() || !t.device().is_cpu() || t.is_sparse() || t.is_quantized() ||
@@ -223,14 +374,16 @@ bool FingerprintTensor(const at::Tensor& t, OpContext& ctx, ThreadState& ts, opg
   }
   uint8_t dtype = ToOpGuardDType(t.scalar_type());
   if (dtype == OPGUARD_DTYPE_UNKNOWN) return false;
-  auto& shape = ctx.shapes.emplace_back(t.sizes().begin(), t.sizes().end());
-  std::vector<int64_t> strides(t.strides().begin(), t.strides().end());
+  at::IntArrayRef sizes = t.sizes();
+  at::IntArrayRef strides = t.strides();
+  const size_t offset = ctx.dims.size();
+  ctx.dims.append(sizes.begin(), sizes.end());
   const void* data = t.numel() == 0 ? nullptr : t.data_ptr();
   c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
 
-  size_t layout_hash = shape.size();
-  for (size_t i = 0; i < shape.size(); ++i) {
-    layout_hash = layout_hash * 1000003u ^ static_cast<size_t>(shape[i]);
+  size_t layout_hash = sizes.size();
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    layout_hash = layout_hash * 1000003u ^ static_cast<size_t>(sizes[i]);
     layout_hash = layout_hash * 1000003u ^ static_cast<size_t>(strides[i]);
   }
   FingerprintCache::Key key{data, TensorVersion(t), dtype, layout_hash};
@@ -242,16 +395,29 @@ bool FingerprintTensor(const at::Tensor& t, OpContext& ctx, ThreadState& ts, opg
       out->has_stats = hit->has_stats;
       out->dtype = dtype;
       out->device = -1;
-      out->shape = shape.data();
-      out->ndim = static_cast<uint32_t>(shape.size());
+      out->shape = OpContext::AsOffset(offset);
+      out->ndim = static_cast<uint32_t>(sizes.size());
       return true;
     }
   }
-  if (opguard_fingerprint_host(data, dtype, shape.data(), static_cast<uint32_t>(shape.size()),
-                               strides.data(), out) != OPGUARD_OK) {
+  // A strided tensor is fingerprinted in logical order, as its contiguous
+  // copy would be (docs/fingerprint.md): small ones are gathered here into a
+  // per-thread buffer, which spares the fingerprint's own gather its 64 KiB
+  // tile buffer per call.
+  const void* bytes = data;
+  const int64_t* fp_strides = nullptr;
+  if (data != nullptr && !t.is_contiguous()) {
+    if (!GatherLogical(data, t.element_size(), sizes, strides, ts.gather)) {
+      fp_strides = strides.data();
+    } else {
+      bytes = ts.gather.data();
+    }
+  }
+  if (opguard_fingerprint_host(bytes, dtype, sizes.data(), static_cast<uint32_t>(sizes.size()),
+                               fp_strides, out) != OPGUARD_OK) {
     return false;
   }
-  out->shape = shape.data();
+  out->shape = OpContext::AsOffset(offset);
   if (data != nullptr) {
     ts.cache.Put(key, FingerprintCache::Value{t.storage().getWeakStorageImpl(), out->fp_lo,
                                               out->fp_hi, out->stats, out->has_stats});
@@ -295,15 +461,17 @@ void CollectInputs(const at::RecordFunction& fn, OpContext& ctx, ThreadState& ts
         value.kind = OPGUARD_VALUE_TENSOR;
       }
     } else if (v.isTensorList()) {
-      auto& list = ctx.lists.emplace_back();
-      for (const at::Tensor& t : v.toTensorList().vec()) {
+      const c10::List<at::Tensor> list = v.toTensorList();
+      const size_t first = ctx.list_tensors.size();
+      for (size_t i = 0; i < list.size(); ++i) {
+        const at::Tensor t = list.get(i);
         opguard_tensor tensor;
         if (!FingerprintTensor(t, ctx, ts, &tensor)) ctx.unfingerprintable = true;
-        list.push_back(tensor);
+        ctx.list_tensors.push_back(tensor);
       }
       value.kind = OPGUARD_VALUE_TENSOR_LIST;
       value.num_tensors = static_cast<uint32_t>(list.size());
-      value.tensors = list.data();
+      value.tensors = reinterpret_cast<const opguard_tensor*>(static_cast<uintptr_t>(first));
     } else {
       ScalarValue(v, &value);  // others (None, int lists, strings): recorded as None
     }
@@ -316,9 +484,8 @@ bool HasUninitialisedOutput(const char* name);
 // Tracks uninitialised memory through one output: allocations add it, writes
 // (the output is one of the op's own input tensors) clear it, anything else
 // that returns a view of it is itself uninitialised.
-void TrackUninitialised(const at::RecordFunction& fn, const at::Tensor& t, OpContext& ctx,
-                        ThreadState& ts) {
-  if (HasUninitialisedOutput(fn.name())) {
+void TrackUninitialised(bool allocates, const at::Tensor& t, OpContext& ctx, ThreadState& ts) {
+  if (allocates) {
     ts.uninitialised.Add(t);
     ctx.uninitialised_output = true;
   } else if (ts.uninitialised.Contains(t)) {
@@ -334,17 +501,20 @@ void TrackUninitialised(const at::RecordFunction& fn, const at::Tensor& t, OpCon
 }
 
 bool CollectOutputs(const at::RecordFunction& fn, OpContext& ctx, ThreadState& ts) {
+  const bool allocates = HasUninitialisedOutput(fn.name());
   for (const c10::IValue& v : fn.outputs()) {
     if (v.isTensor()) {
       const at::Tensor& t = v.toTensor();
       if (!t.defined()) continue;
-      TrackUninitialised(fn, t, ctx, ts);
+      TrackUninitialised(allocates, t, ctx, ts);
       opguard_tensor out;
       if (!FingerprintTensor(t, ctx, ts, &out)) return false;
       ctx.outputs.push_back(out);
     } else if (v.isTensorList()) {
-      for (const at::Tensor& t : v.toTensorList().vec()) {
-        TrackUninitialised(fn, t, ctx, ts);
+      const c10::List<at::Tensor> list = v.toTensorList();
+      for (size_t i = 0; i < list.size(); ++i) {
+        const at::Tensor t = list.get(i);
+        TrackUninitialised(allocates, t, ctx, ts);
         opguard_tensor out;
         if (!FingerprintTensor(t, ctx, ts, &out)) return false;
         ctx.outputs.push_back(out);
@@ -354,11 +524,11 @@ bool CollectOutputs(const at::RecordFunction& fn, OpContext& ctx, ThreadState& t
   return true;
 }
 
-std::string NodeName(const char* name) {
+void SetNodeName(const char* name, std::string* out) {
   static constexpr std::string_view kPrefix = "autograd::engine::evaluate_function: ";
   std::string_view view(name);
   if (view.substr(0, kPrefix.size()) == kPrefix) view.remove_prefix(kPrefix.size());
-  return std::string(view);
+  out->assign(view.data(), view.size());
 }
 
 // The shim's current step is process-wide, so one mark (on the lane that ran
@@ -406,34 +576,45 @@ std::unique_ptr<at::ObserverContext> OnFunctionStart(const at::RecordFunction& f
     ts.cache_step = g_step.load(std::memory_order_relaxed);
   }
   auto ctx = std::make_unique<OpContext>();
-  ctx->record = true;
   ctx->start_ns = NowNs();
   ctx->backward = in_backward;
   if (in_backward) {
-    std::string name = std::string(fn.name()) + " [" + ts.node_name + "]";
-    ctx->name = opguard_intern(name.data(), name.size());
+    ctx->name = ts.names.GetBackward(fn.name(), ts.node_name);
     ctx->seq_nr = ts.node_seq;
     ctx->site = ts.node_seq >= 0 ? g_forward_sites->Lookup(ts.node_seq) : 0;
   } else {
-    const char* name = fn.name();
-    ctx->name = opguard_intern(name, std::strlen(name));
+    ctx->name = ts.names.Get(fn.name());
     ctx->site = FindUserSite().site;
     ctx->seq_begin = PeekSequenceNumber();
   }
   CollectInputs(fn, *ctx, ts);
+  // The ops this one runs inside itself are not recorded (only depth 0 is):
+  // switching RecordFunction off on this thread until the op ends spares
+  // them the boxing of their inputs and outputs and both callbacks. Not
+  // while another observer (torch.profiler) is registered on this thread,
+  // or was registered globally before us: it still sees every op.
+  if (g_skip_nested.load(std::memory_order_relaxed) && !at::hasThreadLocalCallbacks()) {
+    at::enableRecordFunction(false);
+    ctx->reenable_record_function = true;
+  }
   return ctx;
 }
 
 void OnFunctionEnd(const at::RecordFunction& fn, OpContext* ctx, ThreadState& ts) {
+  if (ctx != nullptr && ctx->reenable_record_function) {
+    at::enableRecordFunction(true);
+    ctx->reenable_record_function = false;
+  }
   if (IsEngineWrapper(fn)) return;
   --ts.depth;
-  if (ctx == nullptr || !ctx->record || !g_recording.load(std::memory_order_relaxed)) return;
+  if (ctx == nullptr || !g_recording.load(std::memory_order_relaxed)) return;
   uint32_t lane = LaneOf(ts);
   if (ctx->unfingerprintable || !CollectOutputs(fn, *ctx, ts)) {
     opguard_report_gap(lane, 1, "tensor without host bytes (device, sparse or quantized)", nullptr);
     return;
   }
   if (!ctx->backward) g_forward_sites->Add(ctx->seq_begin, PeekSequenceNumber(), ctx->site);
+  ctx->Resolve();
   opguard_op op;
   std::memset(&op, 0, sizeof(op));
   op.struct_size = sizeof(op);
@@ -465,7 +646,7 @@ std::unique_ptr<at::ObserverContext> OnStart(const at::RecordFunction& fn) {
       case at::RecordScope::BACKWARD_FUNCTION:
         ++ts.backward_nodes;
         ts.node_seq = fn.seqNr();
-        ts.node_name = NodeName(fn.name());
+        SetNodeName(fn.name(), &ts.node_name);
         return nullptr;
       default:
         return nullptr;
@@ -529,6 +710,7 @@ __attribute__((visibility("default"))) int opguard_torch_enable(int all_depths,
     g_all_depths.store(all_depths != 0);
     if (!g_registered.exchange(true)) {
       g_main_thread = std::this_thread::get_id();
+      g_foreign_global_observer = at::hasGlobalCallbacks();
       g_handle = at::addGlobalCallback(
           at::RecordFunctionCallback(&OnStart, &OnEnd)
               .needsInputs(true)
@@ -536,6 +718,8 @@ __attribute__((visibility("default"))) int opguard_torch_enable(int all_depths,
               .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION,
                        at::RecordScope::USER_SCOPE}));
     }
+    g_skip_nested.store(all_depths == 0 && !g_foreign_global_observer &&
+                        std::getenv("OPGUARD_NESTED_OPS") == nullptr);
     g_recording.store(true);
     return 1;
   } catch (const std::exception& e) {

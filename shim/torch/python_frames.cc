@@ -3,6 +3,7 @@
 #include <Python.h>
 #include <frameobject.h>
 
+#include <atomic>
 #include <mutex>
 #include <string_view>
 #include <unordered_map>
@@ -12,19 +13,24 @@
 namespace opguard::torch_adapter {
 namespace {
 
+// What the lookup knows about one code object. The cache holds a strong
+// reference to the code object, so its address cannot be reused by another
+// code object while the entry exists.
 struct CodeInfo {
   bool user = false;
   std::string file;
   std::string function;
   uint64_t file_id = 0;
+  // Site id by instruction offset (user code only): a frame suspended at the
+  // same instruction of the same code is on the same line.
+  std::unordered_map<int, uint64_t> sites;
 };
 
 std::mutex g_mu;  // guards the prefixes and the code cache (GIL held anyway)
 std::vector<std::string>* g_prefixes = new std::vector<std::string>();
-// Keyed by code object; a code object lives as long as its function, and a
-// reused address only costs a wrong "user" classification for a new object
-// of the same file set, which we avoid by also keying on the filename object.
-std::unordered_map<const void*, CodeInfo>* g_codes = new std::unordered_map<const void*, CodeInfo>();
+std::atomic<uint64_t> g_prefix_generation{0};
+uint64_t g_cache_generation = 0;  // generation the code cache was built with
+std::unordered_map<PyCodeObject*, CodeInfo>* g_codes = new std::unordered_map<PyCodeObject*, CodeInfo>();
 
 bool IsUserFile(std::string_view file) {
   if (file.empty() || file.front() == '<') return false;  // <frozen ...>, <string>
@@ -34,7 +40,14 @@ bool IsUserFile(std::string_view file) {
   return true;
 }
 
-const CodeInfo& Classify(PyCodeObject* code) {
+// Drops the cache and its references. GIL and g_mu held.
+void ClearCodes() {
+  for (auto& [code, info] : *g_codes) Py_DECREF(reinterpret_cast<PyObject*>(code));
+  g_codes->clear();
+}
+
+// GIL and g_mu held.
+CodeInfo& Classify(PyCodeObject* code) {
   auto it = g_codes->find(code);
   if (it != g_codes->end()) return it->second;
   CodeInfo info;
@@ -51,8 +64,17 @@ const CodeInfo& Classify(PyCodeObject* code) {
       info.file_id = opguard_source_file(info.file.c_str(), nullptr, 0);
     }
   }
-  if (g_codes->size() > 100000) g_codes->clear();  // bound memory for code generated at run time
+  if (g_codes->size() > 100000) ClearCodes();  // bound memory for code generated at run time
+  Py_INCREF(reinterpret_cast<PyObject*>(code));
   return g_codes->emplace(code, std::move(info)).first->second;
+}
+
+int LastInstruction(PyFrameObject* frame) {
+#if PY_VERSION_HEX >= 0x030B0000
+  return PyFrame_GetLasti(frame);
+#else
+  return frame->f_lasti;
+#endif
 }
 
 }  // namespace
@@ -60,25 +82,45 @@ const CodeInfo& Classify(PyCodeObject* code) {
 void SetSkippedPathPrefixes(std::vector<std::string> prefixes) {
   std::lock_guard<std::mutex> lock(g_mu);
   *g_prefixes = std::move(prefixes);
-  g_codes->clear();
+  // The cache holds Python references: it is rebuilt by the next lookup,
+  // which holds the GIL (this may be called without it, through ctypes).
+  g_prefix_generation.fetch_add(1);
 }
 
 UserSite FindUserSite() {
   UserSite result;
   if (!Py_IsInitialized() || PyGILState_GetThisThreadState() == nullptr) return result;
-  PyGILState_STATE gil = PyGILState_Ensure();
+  // torch releases the GIL around every op, so this thread usually has to
+  // take it back; when it still holds it (ops run from C++ with the GIL
+  // held), Ensure/Release are skipped.
+  const bool held = PyGILState_Check() != 0;
+  PyGILState_STATE gil = PyGILState_LOCKED;
+  if (!held) gil = PyGILState_Ensure();
   {
     std::lock_guard<std::mutex> lock(g_mu);
+    uint64_t generation = g_prefix_generation.load();
+    if (generation != g_cache_generation) {
+      ClearCodes();
+      g_cache_generation = generation;
+    }
     PyFrameObject* frame = PyEval_GetFrame();  // borrowed
     Py_XINCREF(frame);
     for (int depth = 0; frame != nullptr && depth < 64; ++depth) {
       PyCodeObject* code = PyFrame_GetCode(frame);  // new reference
-      const CodeInfo& info = Classify(code);
-      Py_DECREF(code);
+      CodeInfo& info = Classify(code);
+      Py_DECREF(code);  // the cache holds its own reference
       if (info.user) {
-        int line = PyFrame_GetLineNumber(frame);
-        result.site = opguard_site(info.file.c_str(), static_cast<uint32_t>(line),
-                                   info.function.c_str());
+        int lasti = LastInstruction(frame);
+        auto hit = info.sites.find(lasti);
+        if (hit != info.sites.end()) {
+          result.site = hit->second;
+        } else {
+          int line = PyFrame_GetLineNumber(frame);
+          result.site = opguard_site(info.file.c_str(), static_cast<uint32_t>(line),
+                                     info.function.c_str());
+          if (info.sites.size() >= 4096) info.sites.clear();
+          info.sites.emplace(lasti, result.site);
+        }
         result.file = info.file_id;
         break;
       }
@@ -88,7 +130,7 @@ UserSite FindUserSite() {
     }
     Py_XDECREF(frame);
   }
-  PyGILState_Release(gil);
+  if (!held) PyGILState_Release(gil);
   return result;
 }
 
