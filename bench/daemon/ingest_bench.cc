@@ -15,9 +15,14 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -26,6 +31,26 @@
 
 using namespace opguard::daemon;
 using namespace std::chrono;
+
+namespace {
+// CPU seconds (user + system) the daemon process has used so far: on a shared
+// machine records per daemon CPU second is steadier than records per second.
+double CpuSeconds(pid_t pid) {
+  if (pid <= 0) return 0;
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto close = stat.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::istringstream fields(stat.substr(close + 2));
+  std::string f;
+  unsigned long long utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && fields >> f; ++i) {
+    if (i == 14) utime = std::stoull(f);
+    if (i == 15) stime = std::stoull(f);
+  }
+  return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+}  // namespace
 
 int main(int argc, char** argv) {
   int ranks = 8, seconds = 20, window = 32;
@@ -69,6 +94,7 @@ int main(int argc, char** argv) {
                                        daemon.ingest() + " --json 2>/dev/null",
                                    600);
     const uint64_t peak_rss = daemon.PeakRssBytes();
+    const double cpu = CpuSeconds(daemon.pid());
     auto metrics = testing::HttpGet(daemon.http(), "/metrics");
     auto metric = [&](const std::string& name) -> double {
       if (!metrics.ok()) return 0;
@@ -101,6 +127,8 @@ int main(int argc, char** argv) {
     std::printf("  records/s          %.0f   (target >= 1000000)\n", seconds > 0 ? records / seconds : 0);
     std::printf("  bytes on disk      %.1f per record (after flush)\n", records > 0 ? disk / records : 0);
     std::printf("  daemon peak RSS    %.1f MiB   (target < 1024)\n", peak_rss / 1048576.0);
+    std::printf("  daemon CPU         %.2f s (%.2f s per million records)\n", cpu,
+                records > 0 ? cpu * 1e6 / records : 0);
     return code == 0 ? 0 : 1;
   }
   std::vector<std::unique_ptr<testing::RankSender>> senders;
@@ -123,6 +151,7 @@ int main(int argc, char** argv) {
   uint64_t records = 0;
   for (auto& s : senders) records += s->ops_acked();
   const uint64_t peak_rss = daemon.PeakRssBytes();
+  const double cpu = CpuSeconds(daemon.pid());
   const int code = daemon.Stop();  // flushes memtables: what stays on disk is SSTs
   uint64_t disk = 0;
   for (const auto& e : std::filesystem::recursive_directory_iterator(daemon.data_dir())) {
@@ -132,9 +161,9 @@ int main(int argc, char** argv) {
   const double per_record = records ? static_cast<double>(disk) / records : 0;
   if (json) {
     std::printf("{\"cheap_senders\": %s, \"ranks\": %d, \"seconds\": %.1f, \"records\": %llu, \"records_per_s\": %.0f, "
-                "\"bytes_per_record\": %.1f, \"peak_rss_bytes\": %llu, \"daemon_exit\": %d}\n",
+                "\"bytes_per_record\": %.1f, \"peak_rss_bytes\": %llu, \"daemon_cpu_s\": %.2f, \"daemon_exit\": %d}\n",
                 cheap ? "true" : "false", ranks, elapsed, static_cast<unsigned long long>(records), rate, per_record,
-                static_cast<unsigned long long>(peak_rss), code);
+                static_cast<unsigned long long>(peak_rss), cpu, code);
   } else {
     std::printf("daemon ingest (%d ranks, %u ops/batch, durable acks, %s senders, %.1f s)\n", ranks,
                 ops_per_batch, cheap ? "template-patching" : "batch-building", elapsed);
@@ -142,6 +171,8 @@ int main(int argc, char** argv) {
     std::printf("  records/s          %.0f   (target >= 1000000)\n", rate);
     std::printf("  bytes on disk      %.1f per record (%.1f MiB total, after flush)\n", per_record, disk / 1048576.0);
     std::printf("  daemon peak RSS    %.1f MiB   (target < 1024)\n", peak_rss / 1048576.0);
+    std::printf("  daemon CPU         %.2f s (%.2f s per million records)\n", cpu,
+                records ? cpu * 1e6 / static_cast<double>(records) : 0);
     std::printf("  daemon exit code   %d\n", code);
   }
   return code == 0 ? 0 : 1;

@@ -391,15 +391,37 @@ void Ingest::ApplyBatch(const void* batch_ptr, size_t bytes, PendingAck& ack) {
     }
   }
   if (const auto* v = batch->ops()) {
+    // Consecutive records of one lane go into one chunk value, keyed by its
+    // last op_index (docs/storage.md). Chunking depends only on the batch's
+    // content, so a resent batch rewrites exactly the same keys.
     auto* cf = store_->cf(Cf::kOps);
     char key[24];
+    auto put_chunk = [&](uint32_t lane, OpChunkWriter& w) {
+      if (w.empty()) return;
+      EncodeOpKey(key, run_id, r, lane, w.last_op());
+      const std::string_view value = w.Finish();
+      g.batch.Put(cf, rocksdb::Slice(key, sizeof key), rocksdb::Slice(value.data(), value.size()));
+      w.Clear();
+    };
+    // One open chunk per lane of this batch (lanes are few; usually one).
+    size_t open_lanes = 0;
     for (const auto* op : *v) {
+      const uint32_t lane = op->lane();
+      size_t i = 0;
+      while (i < open_lanes && chunk_lanes_[i] != lane) ++i;
+      if (i == open_lanes) {
+        if (open_lanes == chunks_.size()) chunks_.emplace_back();
+        if (chunk_lanes_.size() <= open_lanes) chunk_lanes_.resize(open_lanes + 1);
+        chunk_lanes_[i] = lane;
+        ++open_lanes;
+      }
+      OpChunkWriter& w = chunks_[i];
+      if (!w.Accepts(op->op_index())) put_chunk(lane, w);
       fbb.Clear();
       fbb.Finish(CopyOpRecord(fbb, op));
-      EncodeOpKey(key, run_id, r, op->lane(), op->op_index());
-      g.batch.Put(cf, rocksdb::Slice(key, sizeof key),
-                  rocksdb::Slice(reinterpret_cast<const char*>(fbb.GetBufferPointer()), fbb.GetSize()));
+      w.Add(op->op_index(), fbb.GetBufferPointer(), fbb.GetSize());
     }
+    for (size_t i = 0; i < open_lanes; ++i) put_chunk(chunk_lanes_[i], chunks_[i]);
     rank.ops += v->size();
     g.ops += v->size();
   }
@@ -547,7 +569,7 @@ void Ingest::DrainCommitted() {
       }
       for (auto& run : group->publish) published_[run.name] = std::move(run);
     }
-    for (auto& ack : group->acks) SendAck(ack, true, "");
+    // Counters first: a sender that has its ack may ask for them at once.
     const size_t fresh = group->acks.size() - group->duplicates;
     metrics_->batches_durable.fetch_add(fresh, std::memory_order_relaxed);
     metrics_->batches_duplicate.fetch_add(group->duplicates, std::memory_order_relaxed);
@@ -561,6 +583,7 @@ void Ingest::DrainCommitted() {
     metrics_->gap_records.fetch_add(group->gap_records, std::memory_order_relaxed);
     metrics_->bytes_received.fetch_add(group->bytes, std::memory_order_relaxed);
     metrics_->commit_batches.fetch_add(group->acks.size(), std::memory_order_relaxed);
+    for (auto& ack : group->acks) SendAck(ack, true, "");
     for (auto& d : group->deletes) {
       metrics_->runs_deleted.fetch_add(1, std::memory_order_relaxed);
       OPGUARD_LOG(LogLevel::kInfo, "run '" + d.name + "' deleted");

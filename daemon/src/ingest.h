@@ -39,6 +39,7 @@
 
 #include "metrics.h"
 #include "opguard/daemon/config.h"
+#include "record_copy.h"
 #include "registry.h"
 #include "store.h"
 
@@ -112,6 +113,8 @@ class Ingest {
   std::unique_ptr<Group> open_;
   bool committer_busy_ = false;
   std::vector<uint8_t> scratch_;
+  std::vector<OpChunkWriter> chunks_;   // ApplyBatch scratch: one open chunk per lane
+  std::vector<uint32_t> chunk_lanes_;
 
   // Receiver <-> committer handoff.
   std::mutex handoff_mu_;

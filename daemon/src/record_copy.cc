@@ -1,5 +1,7 @@
 #include "record_copy.h"
 
+#include <algorithm>
+#include <cstring>
 #include <vector>
 
 namespace opguard::daemon {
@@ -145,6 +147,99 @@ Offset<wire::GapNotice> CopyGapNotice(FlatBufferBuilder& b, const wire::GapNotic
   if (!reason.IsNull()) gb.add_reason(reason);
   gb.add_lane(g->lane());
   return gb.Finish();
+}
+
+// ---- ops chunks ---------------------------------------------------------------
+
+namespace {
+
+constexpr char kChunkMagic[4] = {'O', 'G', 'C', '1'};
+constexpr size_t kChunkHeader = 8;  // magic | count
+constexpr size_t kChunkEntry = 16;  // op_index | offset | size
+
+void PutLe32(char* p, uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<char>(v >> (8 * i));
+}
+void PutLe64(char* p, uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<char>(v >> (8 * i));
+}
+uint32_t GetLe32(const char* p) {
+  const auto* u = reinterpret_cast<const unsigned char*>(p);
+  return uint32_t{u[0]} | (uint32_t{u[1]} << 8) | (uint32_t{u[2]} << 16) | (uint32_t{u[3]} << 24);
+}
+uint64_t GetLe64(const char* p) { return uint64_t{GetLe32(p)} | (uint64_t{GetLe32(p + 4)} << 32); }
+
+size_t Align8(size_t n) { return (n + 7) & ~size_t{7}; }
+
+}  // namespace
+
+bool IsOpChunk(std::string_view value) {
+  return value.size() >= kChunkHeader && std::memcmp(value.data(), kChunkMagic, 4) == 0;
+}
+
+void OpChunkWriter::Clear() {
+  entries_.clear();
+  records_.clear();
+}
+
+void OpChunkWriter::Add(uint64_t op_index, const uint8_t* data, size_t size) {
+  entries_.push_back(
+      {op_index, static_cast<uint32_t>(records_.size()), static_cast<uint32_t>(size)});
+  records_.append(reinterpret_cast<const char*>(data), size);
+  records_.resize(Align8(records_.size()), '\0');
+}
+
+std::string_view OpChunkWriter::Finish() {
+  const size_t head = Align8(kChunkHeader + kChunkEntry * entries_.size());
+  out_.resize(head + records_.size());
+  char* p = out_.data();
+  std::memcpy(p, kChunkMagic, 4);
+  PutLe32(p + 4, static_cast<uint32_t>(entries_.size()));
+  char* e = p + kChunkHeader;
+  for (const Entry& entry : entries_) {
+    PutLe64(e, entry.op_index);
+    PutLe32(e + 8, static_cast<uint32_t>(head + entry.offset));
+    PutLe32(e + 12, entry.size);
+    e += kChunkEntry;
+  }
+  std::memset(e, 0, static_cast<size_t>(p + head - e));
+  std::memcpy(p + head, records_.data(), records_.size());
+  return out_;
+}
+
+bool OpChunkView::Open(uint64_t key_op, std::string_view value, bool copy) {
+  ops_.clear();
+  records_.clear();
+  const char* data = value.data();
+  if (copy || reinterpret_cast<uintptr_t>(data) % 8 != 0) {
+    storage_.resize((value.size() + 7) / 8);
+    if (!value.empty()) std::memcpy(storage_.data(), value.data(), value.size());
+    data = reinterpret_cast<const char*>(storage_.data());
+  }
+  if (!IsOpChunk(value)) {
+    ops_.push_back(key_op);
+    records_.emplace_back(data, value.size());
+    return true;
+  }
+  const uint32_t count = GetLe32(data + 4);
+  if (count == 0 || count > (value.size() - kChunkHeader) / kChunkEntry) return false;
+  ops_.reserve(count);
+  records_.reserve(count);
+  const char* e = data + kChunkHeader;
+  for (uint32_t i = 0; i < count; ++i, e += kChunkEntry) {
+    const uint64_t op = GetLe64(e);
+    const uint32_t offset = GetLe32(e + 8), size = GetLe32(e + 12);
+    if (offset % 8 != 0 || offset > value.size() || size > value.size() - offset) return false;
+    if (!ops_.empty() && op <= ops_.back()) return false;
+    ops_.push_back(op);
+    records_.emplace_back(data + offset, size);
+  }
+  // The key is the last op of the chunk; anything else is not a chunk we wrote.
+  return ops_.back() == key_op;
+}
+
+size_t OpChunkView::LowerBound(uint64_t op) const {
+  return static_cast<size_t>(std::lower_bound(ops_.begin(), ops_.end(), op) - ops_.begin());
 }
 
 }  // namespace opguard::daemon

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include "opguard/daemon/testing/batch_maker.h"
 #include "opguard/idl/envelope.h"
 
@@ -113,6 +115,63 @@ TEST(RecordCopy, SyntheticBatchOpsSurviveTheCopy) {
     EXPECT_EQ((*b)->op_index(), op->op_index());
     EXPECT_EQ((*b)->inputs()->size(), op->inputs()->size());
   }
+}
+
+TEST(OpChunk, RecordsRoundTripAlignedAndInOrder) {
+  OpChunkWriter w;
+  std::vector<std::string> records;
+  for (uint64_t i = 0; i < 5; ++i) {
+    records.push_back(std::string(3 + i * 5, static_cast<char>('a' + i)));  // odd sizes
+    ASSERT_TRUE(w.Accepts(10 + i * 2));
+    w.Add(10 + i * 2, reinterpret_cast<const uint8_t*>(records.back().data()), records.back().size());
+  }
+  EXPECT_FALSE(w.Accepts(18));  // not ascending
+  EXPECT_EQ(w.last_op(), 18u);
+  const std::string value(w.Finish());
+  EXPECT_TRUE(IsOpChunk(value));
+  // At an aligned and at a misaligned address.
+  std::vector<uint64_t> aligned((value.size() + 7) / 8 + 1);
+  for (size_t shift : {size_t{0}, size_t{3}}) {
+    char* p = reinterpret_cast<char*>(aligned.data()) + shift;
+    std::memcpy(p, value.data(), value.size());
+    OpChunkView view;
+    ASSERT_TRUE(view.Open(18, std::string_view(p, value.size())));
+    ASSERT_EQ(view.size(), 5u);
+    for (size_t i = 0; i < 5; ++i) {
+      EXPECT_EQ(view.op_index(i), 10 + i * 2);
+      EXPECT_EQ(view.record(i), records[i]);
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(view.record(i).data()) % 8, 0u);
+    }
+    EXPECT_EQ(view.LowerBound(13), 2u);
+    EXPECT_EQ(view.LowerBound(14), 2u);
+    EXPECT_EQ(view.LowerBound(19), 5u);
+  }
+  // The key must be the chunk's last op; truncated or bent framing is refused.
+  OpChunkView view;
+  EXPECT_FALSE(view.Open(17, value));
+  EXPECT_FALSE(view.Open(18, std::string_view(value.data(), value.size() - 8)));
+  std::string bent = value;
+  bent[8 + 16 + 8] = 1;  // second entry's offset no longer 8-aligned
+  EXPECT_FALSE(view.Open(18, bent));
+  // A value without the magic is one record (the layout before chunks).
+  ASSERT_TRUE(view.Open(7, "single"));
+  ASSERT_EQ(view.size(), 1u);
+  EXPECT_EQ(view.op_index(0), 7u);
+  EXPECT_EQ(view.record(0), "single");
+}
+
+TEST(OpChunk, WriterLimitsChunkSize) {
+  OpChunkWriter w;
+  const std::string record(100, 'x');
+  uint64_t op = 0;
+  while (w.Accepts(op)) w.Add(op++, reinterpret_cast<const uint8_t*>(record.data()), record.size());
+  EXPECT_EQ(w.count(), kOpChunkMaxRecords);
+  w.Clear();
+  EXPECT_TRUE(w.empty());
+  const std::string big(40000, 'y');
+  op = 0;
+  while (w.Accepts(op)) w.Add(op++, reinterpret_cast<const uint8_t*>(big.data()), big.size());
+  EXPECT_EQ(w.count(), 2u);  // stops once kOpChunkMaxBytes is reached
 }
 
 }  // namespace

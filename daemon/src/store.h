@@ -50,7 +50,9 @@ class Store {
   void CompactRun(uint64_t run_id);
 
   // Calls `fn(op_index, value)` for ops of (run, rank, lane) from `from_op`
-  // on, at most `max` times. *more is set when ops remain after the last one.
+  // on, in op order, at most `max` times. *more is set when ops remain after
+  // the last one. `value` is one OpRecord root (unverified), 8-aligned, valid
+  // during the call; chunked values (record_copy.h) are split into records.
   Status ScanOps(uint64_t run, uint32_t rank, uint32_t lane, uint64_t from_op, uint32_t max,
                  const std::function<void(uint64_t, const rocksdb::Slice&)>& fn, bool* more) const;
   // Point lookups in the strings CF; missing ids are absent from the result.

@@ -74,5 +74,54 @@ TEST(SessionState, ContiguousPrefixAndOutOfOrder) {
   EXPECT_EQ(s.contiguous, 2u);
 }
 
+TEST(Store, DeletingARunGivesItsBlobFilesBack) {
+  testing::TempDir dir;
+  Config config;
+  config.data_dir = dir.path() + "/data";
+  auto store = Store::Open(config);
+  ASSERT_TRUE(store.ok());
+  auto* ops = (*store)->cf(Cf::kOps);
+  // Above min_blob_size and incompressible: stored in a blob file.
+  std::string chunk(8192, '\0');
+  uint64_t x = 88172645463325252ull;
+  for (char& c : chunk) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    c = static_cast<char>(x);
+  }
+  rocksdb::WriteBatch wb;
+  for (uint64_t run : {5, 6}) {
+    for (uint64_t i = 0; i < 64; ++i) {
+      chunk[i] = static_cast<char>(run);
+      wb.Put(ops, keys::OpKey(run, 0, 0, i), chunk + std::to_string(run));
+    }
+  }
+  ASSERT_TRUE((*store)->Write(&wb, true).ok());
+  ASSERT_TRUE((*store)->db()->Flush(rocksdb::FlushOptions(), ops).ok());
+  uint64_t before = 0, after = 0;
+  ASSERT_TRUE((*store)->db()->GetIntProperty(ops, "rocksdb.live-blob-file-size", &before));
+  EXPECT_GT(before, 64u * 8192);
+  RunState run;
+  run.id = 5;
+  run.name = "five";
+  rocksdb::WriteBatch del;
+  (*store)->AddDeleteRun(&del, run);
+  ASSERT_TRUE((*store)->Write(&del, true).ok());
+  (*store)->CompactRun(5);
+  ASSERT_TRUE((*store)->db()->GetIntProperty(ops, "rocksdb.live-blob-file-size", &after));
+  // Run 6 shared the blob file; its blobs were relocated, run 5's are gone.
+  EXPECT_LT(after, before * 3 / 4);
+  int n = 0;
+  bool more = false;
+  std::string value;
+  ASSERT_TRUE((*store)->ScanOps(6, 0, 0, 0, 1000, [&](uint64_t, const rocksdb::Slice& v) {
+    ++n;
+    value = v.ToString();
+  }, &more).ok());
+  EXPECT_EQ(n, 64);
+  EXPECT_EQ(value, chunk + "6");  // the last one written
+  ASSERT_TRUE((*store)->ScanOps(5, 0, 0, 0, 1000, [&](uint64_t, const rocksdb::Slice&) { ++n; }, &more).ok());
+  EXPECT_EQ(n, 64);
+}
+
 }  // namespace
 }  // namespace opguard::daemon

@@ -2,10 +2,12 @@
 
 #include <rocksdb/iterator.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 
 #include "keys.h"
+#include "record_copy.h"
 
 namespace opguard::daemon {
 namespace {
@@ -147,31 +149,47 @@ Result<aligner::RankTrace> StoreDetails::LoadRank(uint32_t rank, const std::atom
   const std::string begin = keys::LanePrefix(run_, rank, 0);
   const std::string_view prefix(begin.data(), 12);  // run | rank
   {
-    wire::AlignedStorage storage;
+    OpChunkView chunk;
     aligner::OpDetail scratch;
     aligner::LaneTrace* lane = nullptr;
     uint64_t n = 0;
     for (it_->Seek(begin); it_->Valid(); it_->Next()) {
-      if ((++n & 0xFFFF) == 0 && cancel != nullptr && cancel->load(std::memory_order_relaxed)) {
+      if ((++n & 0xFF) == 0 && cancel != nullptr && cancel->load(std::memory_order_relaxed)) {
         return Unavailable("daemon is stopping");
       }
       auto key = it_->key();
       if (!key.starts_with(rocksdb::Slice(prefix.data(), prefix.size()))) break;
       if (key.size() != 24) continue;
       const uint32_t lane_id = keys::GetU32(key.data() + 12);
-      auto op = OpenValue<wire::OpRecord>(it_->value(), &storage);
-      if (!op.ok()) {
-        // A corrupt record is a hole in the trace, never a silent pass.
-        const uint64_t idx = keys::GetU64(key.data() + 16);
-        trace.gaps.push_back({lane_id, idx, idx});
+      const uint64_t key_op = keys::GetU64(key.data() + 16);
+      const bool same_lane = lane != nullptr && lane->lane == lane_id;
+      if (!chunk.Open(key_op, it_->value().ToStringView())) {
+        // A corrupt chunk is a hole in the trace, never a silent pass. Its
+        // first op is unknown: the hole runs from after the lane's last op
+        // to the key's op (the chunk's last).
+        const uint64_t from =
+            same_lane && !lane->ops.empty() ? lane->ops.back().op_index + 1 : key_op;
+        trace.gaps.push_back({lane_id, std::min(from, key_op), key_op});
         continue;
       }
-      if (lane == nullptr || lane->lane != lane_id) {
-        trace.lanes.push_back({lane_id, {}});
-        lane = &trace.lanes.back();
+      for (size_t i = 0; i < chunk.size(); ++i) {
+        const uint64_t idx = chunk.op_index(i);
+        const auto record = chunk.record(i);
+        auto op = wire::OpenStored<wire::OpRecord>(record.data(), record.size());
+        if (!op.ok()) {
+          trace.gaps.push_back({lane_id, idx, idx});
+          continue;
+        }
+        if (lane == nullptr || lane->lane != lane_id) {
+          trace.lanes.push_back({lane_id, {}});
+          lane = &trace.lanes.back();
+        }
+        // Overlapping chunks (a rank that re-sent op indices under a new
+        // session) keep the trace strictly ascending: the first one wins.
+        if (!lane->ops.empty() && idx <= lane->ops.back().op_index) continue;
+        OpDetailFromRecord(**op, &scratch);
+        lane->ops.push_back(aligner::MakeOpEvent(scratch));
       }
-      OpDetailFromRecord(**op, &scratch);
-      lane->ops.push_back(aligner::MakeOpEvent(scratch));
     }
     OPGUARD_RETURN_IF_ERROR(FromRocks(it_->status(), "reading trace"));
   }
@@ -260,11 +278,30 @@ Result<std::vector<aligner::Communicator>> LoadCommunicators(const Store& store,
 std::optional<aligner::OpDetail> StoreDetails::Find(uint32_t rank, uint32_t lane,
                                                     uint64_t op_index) const {
   std::lock_guard<std::mutex> lock(mu_);
+  // Chunks are keyed by their last op: the first key >= (rank, lane, op) is
+  // the only chunk that can hold the op. The last chunk decoded is kept, as
+  // pivots look up neighbouring ops.
   const std::string key = keys::OpKey(run_, rank, lane, op_index);
-  it_->Seek(key);
-  if (!it_->Valid() || it_->key() != rocksdb::Slice(key)) return std::nullopt;
-  wire::AlignedStorage storage;
-  auto op = OpenValue<wire::OpRecord>(it_->value(), &storage);
+  if (!(cached_valid_ && cached_key_.size() == 24 && cached_key_.compare(0, 16, key, 0, 16) == 0 &&
+        op_index <= keys::GetU64(cached_key_.data() + 16) && chunk_.size() > 0 &&
+        op_index >= chunk_.op_index(0))) {
+    cached_valid_ = false;
+    it_->Seek(key);
+    if (!it_->Valid() || it_->key().size() != 24 ||
+        !it_->key().starts_with(rocksdb::Slice(key.data(), 16))) {
+      return std::nullopt;
+    }
+    cached_key_.assign(it_->key().data(), it_->key().size());
+    if (!chunk_.Open(keys::GetU64(cached_key_.data() + 16), it_->value().ToStringView(),
+                     /*copy=*/true)) {
+      return std::nullopt;
+    }
+    cached_valid_ = true;
+  }
+  const size_t i = chunk_.LowerBound(op_index);
+  if (i == chunk_.size() || chunk_.op_index(i) != op_index) return std::nullopt;
+  const auto record = chunk_.record(i);
+  auto op = wire::OpenStored<wire::OpRecord>(record.data(), record.size());
   if (!op.ok()) return std::nullopt;
   aligner::OpDetail d;
   OpDetailFromRecord(**op, &d);

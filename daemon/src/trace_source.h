@@ -31,6 +31,7 @@
 #include "opguard/aligner/trace.h"
 #include "opguard/common/status.h"
 #include "opguard/idl/envelope.h"
+#include "record_copy.h"
 #include "store.h"
 
 namespace opguard::daemon {
@@ -83,6 +84,10 @@ class StoreDetails final : public aligner::DetailSource {
   rocksdb::Slice upper_slice_;
   mutable std::mutex mu_;
   std::unique_ptr<rocksdb::Iterator> it_;
+  // Find's last decoded chunk (its key), under mu_.
+  mutable std::string cached_key_;
+  mutable bool cached_valid_ = false;
+  mutable OpChunkView chunk_;
 };
 
 // Strings and sites of one run, cached (a report resolves the same few ids

@@ -9,6 +9,7 @@
 #include "opguard/aligner/render.h"
 #include "opguard/daemon/report_wire.h"
 #include "opguard/daemon/testing/batch_maker.h"
+#include "record_copy.h"
 
 namespace opguard::daemon {
 namespace {
@@ -202,6 +203,133 @@ TEST_F(TraceSourceTest, AGapBeforeThePivotMakesTheRankIncomplete) {
   EXPECT_EQ(diff->status, aligner::DiffStatus::kIncomplete);
   ASSERT_EQ(diff->missing.size(), 1u);
   EXPECT_EQ(diff->missing[0].first_op, 40u);
+}
+
+// The chunked layout (record_copy.h): several records of one lane in one
+// value keyed by the last op. Reads must not see a difference.
+std::string Chunk(uint32_t lane, uint64_t first, uint64_t last, uint64_t diverge_at = 1000) {
+  OpChunkWriter w;
+  for (uint64_t i = first; i <= last; ++i) {
+    const std::string r =
+        Op(lane, i, i % 2 ? kAdd : kMul, 100 + i + (i >= diverge_at ? 1000000 : 0), 1077936128);
+    w.Add(i, reinterpret_cast<const uint8_t*>(r.data()), r.size());
+  }
+  return std::string(w.Finish());
+}
+
+TEST_F(TraceSourceTest, ChunkedOpsReadLikeSingleRecords) {
+  WriteRun(1, 1000, false);  // one record per key
+  {
+    // Run 2: the same lane-0 ops in chunks of 32 (the last one short).
+    rocksdb::WriteBatch wb;
+    for (uint64_t first = 0; first < 100; first += 32) {
+      const uint64_t last = std::min<uint64_t>(first + 31, 99);
+      wb.Put(store_->cf(Cf::kOps), keys::OpKey(2, 0, 0, last), Chunk(0, first, last));
+    }
+    wb.Put(store_->cf(Cf::kOps), keys::OpKey(2, 1, 0, 9), Chunk(0, 0, 9));  // another rank
+    ASSERT_TRUE(store_->Write(&wb, true).ok());
+  }
+  auto single = LoadRankTrace(*store_, 1, 0, false);
+  auto chunked = LoadRankTrace(*store_, 2, 0, false);
+  ASSERT_TRUE(single.ok() && chunked.ok());
+  ASSERT_EQ(chunked->lanes.size(), 1u);
+  ASSERT_EQ(chunked->lanes[0].ops.size(), 100u);
+  EXPECT_TRUE(chunked->gaps.empty());
+  StoreDetails one(store_.get(), 1), many(store_.get(), 2);
+  for (uint64_t i = 0; i < 100; ++i) {
+    EXPECT_EQ(chunked->lanes[0].ops[i].op_index, i);
+    EXPECT_EQ(chunked->lanes[0].ops[i].key, single->lanes[0].ops[i].key);
+    EXPECT_EQ(chunked->lanes[0].ops[i].outputs, single->lanes[0].ops[i].outputs);
+  }
+  // Point lookups: first, middle and last op of a chunk, in any order.
+  for (uint64_t i : {40u, 0u, 31u, 32u, 63u, 50u, 99u, 96u, 5u}) {
+    auto a = one.Find(0, 0, i), b = many.Find(0, 0, i);
+    ASSERT_TRUE(a.has_value() && b.has_value()) << i;
+    EXPECT_EQ(aligner::MakeOpEvent(*a).key, aligner::MakeOpEvent(*b).key) << i;
+    EXPECT_EQ(b->op_index, i);
+    EXPECT_EQ(b->outputs[0].fingerprint, a->outputs[0].fingerprint) << i;
+  }
+  EXPECT_FALSE(many.Find(0, 0, 100).has_value());
+  EXPECT_FALSE(many.Find(0, 1, 3).has_value());
+  EXPECT_TRUE(many.Find(1, 0, 9).has_value());
+  EXPECT_FALSE(many.Find(1, 0, 10).has_value());
+
+  // ReadTrace's path: a page from the middle of a chunk, across chunks.
+  std::vector<uint64_t> seen;
+  bool more = false;
+  ASSERT_TRUE(store_
+                  ->ScanOps(
+                      2, 0, 0, 45, 30,
+                      [&](uint64_t op, const rocksdb::Slice& v) {
+                        auto rec = wire::OpenStored<wire::OpRecord>(v.data(), v.size());
+                        ASSERT_TRUE(rec.ok());
+                        EXPECT_EQ((*rec)->op_index(), op);
+                        seen.push_back(op);
+                      },
+                      &more)
+                  .ok());
+  ASSERT_EQ(seen.size(), 30u);
+  EXPECT_EQ(seen.front(), 45u);
+  EXPECT_EQ(seen.back(), 74u);
+  EXPECT_TRUE(more);
+  seen.clear();
+  ASSERT_TRUE(store_
+                  ->ScanOps(
+                      2, 0, 0, 75, 100,
+                      [&](uint64_t op, const rocksdb::Slice&) { seen.push_back(op); }, &more)
+                  .ok());
+  ASSERT_EQ(seen.size(), 25u);
+  EXPECT_EQ(seen.back(), 99u);
+  EXPECT_FALSE(more);
+  // Exactly at the end of a page that ends at a chunk's end.
+  seen.clear();
+  ASSERT_TRUE(store_
+                  ->ScanOps(
+                      2, 0, 0, 96, 4,
+                      [&](uint64_t op, const rocksdb::Slice&) { seen.push_back(op); }, &more)
+                  .ok());
+  EXPECT_EQ(seen.size(), 4u);
+  EXPECT_FALSE(more);
+}
+
+TEST_F(TraceSourceTest, AResentChunkOverwritesAndADeletedRunIsGone) {
+  auto write = [&](uint64_t diverge_at) {
+    rocksdb::WriteBatch wb;
+    wb.Put(store_->cf(Cf::kOps), keys::OpKey(3, 0, 0, 63), Chunk(0, 0, 63, diverge_at));
+    wb.Put(store_->cf(Cf::kOps), keys::OpKey(3, 0, 0, 127), Chunk(0, 64, 127, diverge_at));
+    ASSERT_TRUE(store_->Write(&wb, true).ok());
+  };
+  write(1000);
+  write(1000);  // a resent batch: the same keys, nothing doubles
+  ASSERT_TRUE(store_->db()->Flush(rocksdb::FlushOptions(), store_->cf(Cf::kOps)).ok());
+  write(70);  // and a rewrite replaces the whole chunk
+  auto trace = LoadRankTrace(*store_, 3, 0, false);
+  ASSERT_TRUE(trace.ok());
+  ASSERT_EQ(trace->lanes.size(), 1u);
+  ASSERT_EQ(trace->lanes[0].ops.size(), 128u);
+  auto d = StoreDetails(store_.get(), 3).Find(0, 0, 80);
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(d->outputs[0].fingerprint.lo, 100u + 80u + 1000000u);
+
+  RunState run;
+  run.id = 3;
+  run.name = "three";
+  rocksdb::WriteBatch wb;
+  store_->AddDeleteRun(&wb, run);
+  ASSERT_TRUE(store_->Write(&wb, true).ok());
+  store_->CompactRun(3);
+  trace = LoadRankTrace(*store_, 3, 0, false);
+  ASSERT_TRUE(trace.ok());
+  EXPECT_TRUE(trace->lanes.empty());
+  EXPECT_FALSE(StoreDetails(store_.get(), 3).Find(0, 0, 80).has_value());
+  bool more = true;
+  int n = 0;
+  ASSERT_TRUE(store_
+                  ->ScanOps(
+                      3, 0, 0, 0, 1000, [&](uint64_t, const rocksdb::Slice&) { ++n; }, &more)
+                  .ok());
+  EXPECT_EQ(n, 0);
+  EXPECT_FALSE(more);
 }
 
 TEST(ReportWire, CollectiveSummaryRoundTrips) {
