@@ -691,6 +691,26 @@ void OnEnd(const at::RecordFunction& fn, at::ObserverContext* raw) {
 
 using namespace opguard::torch_adapter;
 
+namespace opguard::torch_adapter {
+namespace {
+
+// OPGUARD_NESTED_OPS: unset, empty or 0 = off, 1 = on; anything else warns
+// once and keeps nested ops observed (the behaviour that cannot hide an op
+// from another observer).
+bool KeepNestedOps() {
+  const char* value = std::getenv("OPGUARD_NESTED_OPS");
+  if (value == nullptr || value[0] == '\0' || std::strcmp(value, "0") == 0) return false;
+  if (std::strcmp(value, "1") != 0) {
+    std::fprintf(stderr,
+                 "opguard-torch warning: OPGUARD_NESTED_OPS='%s' is not 0 or 1; treating it as 1\n",
+                 value);
+  }
+  return true;
+}
+
+}  // namespace
+}  // namespace opguard::torch_adapter
+
 extern "C" {
 
 // Registers the callbacks (once) and starts recording. `all_depths`: record
@@ -718,8 +738,7 @@ __attribute__((visibility("default"))) int opguard_torch_enable(int all_depths,
               .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION,
                        at::RecordScope::USER_SCOPE}));
     }
-    g_skip_nested.store(all_depths == 0 && !g_foreign_global_observer &&
-                        std::getenv("OPGUARD_NESTED_OPS") == nullptr);
+    g_skip_nested.store(all_depths == 0 && !g_foreign_global_observer && !KeepNestedOps());
     g_recording.store(true);
     return 1;
   } catch (const std::exception& e) {
