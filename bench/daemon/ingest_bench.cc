@@ -1,8 +1,8 @@
-// daemon_ingest_bench: sustained ingest into a real opguardd (local mode,
+// daemon_ingest: sustained ingest into a real opguardd (local mode,
 // RocksDB with synced group commits) from N sending ranks on this machine.
 // Prints records/s, bytes on disk per record and the daemon's peak RSS.
 //
-//   daemon_ingest_bench [--ranks 8] [--seconds 20] [--ops-per-batch 1024]
+//   daemon_ingest [--ranks 8] [--seconds 20] [--ops-per-batch 1024]
 //                       [--window 32] [--opguardd PATH] [--cheap-senders]
 //                       [--daemon-arg ARG]... [--json]
 //
@@ -74,7 +74,7 @@ int main(int argc, char** argv) {
     else if (a == "--loadgen") loadgen = next();
     else if (a == "--loadgen-ops") loadgen_ops = std::stoull(next());
     else {
-      std::fprintf(stderr, "usage: daemon_ingest_bench [--ranks N] [--seconds S] [--ops-per-batch N] "
+      std::fprintf(stderr, "usage: daemon_ingest [--ranks N] [--seconds S] [--ops-per-batch N] "
                            "[--window N] [--opguardd PATH] [--cheap-senders] [--daemon-arg ARG]... [--loadgen PATH [--loadgen-ops N]] [--json]\n");
       return 2;
     }
@@ -83,7 +83,7 @@ int main(int argc, char** argv) {
   testing::DaemonProcess daemon(binary, dir.path(), daemon_args);
   auto st = daemon.Start();
   if (!st.ok()) {
-    std::fprintf(stderr, "daemon_ingest_bench: %s\n", st.message().c_str());
+    std::fprintf(stderr, "daemon_ingest: %s\n", st.message().c_str());
     return 1;
   }
   if (!loadgen.empty()) {
@@ -110,16 +110,24 @@ int main(int argc, char** argv) {
     }
     auto brace = out.output.find('{');
     if (out.exit_code != 0 || brace == std::string::npos) {
-      std::fprintf(stderr, "daemon_ingest_bench: opguard-loadgen failed (%d): %s\n", out.exit_code,
+      std::fprintf(stderr, "daemon_ingest: opguard-loadgen failed (%d): %s\n", out.exit_code,
                    out.output.c_str());
       return 1;
     }
     auto doc = nlohmann::json::parse(out.output.substr(brace), nullptr, false);
     if (doc.is_discarded() || !doc.contains("records_acked")) {
-      std::fprintf(stderr, "daemon_ingest_bench: cannot parse opguard-loadgen output\n");
+      std::fprintf(stderr, "daemon_ingest: cannot parse opguard-loadgen output\n");
       return 1;
     }
     const double records = doc["records_acked"].get<double>(), seconds = doc["seconds"].get<double>();
+    if (json) {
+      std::printf("{\"cheap_senders\": false, \"loadgen\": true, \"ranks\": %d, \"seconds\": %.2f, "
+                  "\"records\": %.0f, \"records_per_s\": %.0f, \"bytes_per_record\": %.1f, "
+                  "\"peak_rss_bytes\": %llu, \"daemon_cpu_s\": %.2f, \"daemon_exit\": %d}\n",
+                  ranks, seconds, records, seconds > 0 ? records / seconds : 0,
+                  records > 0 ? disk / records : 0, static_cast<unsigned long long>(peak_rss), cpu, code);
+      return code == 0 ? 0 : 1;
+    }
     std::printf("daemon ingest via opguard-loadgen (%d ranks x %llu ops, durable acks)\n", ranks,
                 static_cast<unsigned long long>(loadgen_ops));
     std::printf("  records acked      %.0f in %.2f s (%.0f batches, %.0f wire bytes/record)\n", records, seconds,

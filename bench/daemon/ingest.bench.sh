@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Sustained ingest into a real opguardd with durable acks, two ways, printed
+# as Google-Benchmark-shaped JSON for scripts/bench.sh:
+#   ingest/daemon_only  8 template-patching senders (--cheap-senders): the
+#                       daemon's own capacity
+#   ingest/real_shim    8 opguard-loadgen ranks through the real shim
+# Counters: records/s, bytes on disk per record, daemon peak RSS (MiB),
+# daemon CPU seconds per million records.
+# Environment: OPGUARD_BUILD_DIR (default build-release), INGEST_SECONDS (12),
+# LOADGEN_OPS (ops per rank, 300000).
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+BUILD="${OPGUARD_BUILD_DIR:-$ROOT/build-release}"
+BIN="$BUILD/bench/daemon/daemon_ingest"
+only="$("$BIN" --cheap-senders --seconds "${INGEST_SECONDS:-12}" --json)"
+shim="$("$BIN" --loadgen "$BUILD/bench/loadgen/opguard-loadgen" \
+          --loadgen-ops "${LOADGEN_OPS:-300000}" --json)"
+/usr/bin/python3 - "$only" "$shim" <<'PY'
+import json, sys
+rows = []
+for name, text in zip(("ingest/daemon_only", "ingest/real_shim"), sys.argv[1:]):
+    r = json.loads(text)
+    records = max(1, r["records"])
+    rows.append({"name": name, "run_type": "iteration", "iterations": 1,
+                 "real_time": r["seconds"] * 1e3, "cpu_time": r["seconds"] * 1e3,
+                 "time_unit": "ms", "items_per_second": r["records_per_s"],
+                 "bytes_per_record": r["bytes_per_record"],
+                 "peak_rss_mib": r["peak_rss_bytes"] / 1048576.0,
+                 "daemon_cpu_s_per_M": r["daemon_cpu_s"] * 1e6 / records})
+print(json.dumps({"benchmarks": rows}, indent=1))
+PY
