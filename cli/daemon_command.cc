@@ -11,64 +11,11 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
+#include "cli/daemon_args.h"
 #include "opguard/daemon/client.h"
 
 namespace opguard::cli {
 namespace {
-
-struct DaemonArgs {
-  std::string endpoint = daemon::kDefaultQueryEndpoint;
-  double timeout_s = 5;
-  bool json = false;
-  std::vector<std::string> positional;
-};
-
-// Parses --daemon E, --timeout S, --json (when allowed); returns false after
-// printing a one-line error.
-bool ParseArgs(int argc, char** argv, bool allow_json, const char* usage, DaemonArgs* out) {
-  if (const char* env = std::getenv("OPGUARD_DAEMON"); env && *env) out->endpoint = env;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto value = [&](const char* name) -> const char* {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "opguard %s: %s needs a value\n", argv[0], name);
-        return nullptr;
-      }
-      return argv[++i];
-    };
-    if (a == "--help" || a == "-h") {
-      std::printf("usage: opguard %s\n", usage);
-      std::exit(0);
-    } else if (a == "--daemon") {
-      const char* v = value("--daemon");
-      if (!v) return false;
-      out->endpoint = v;
-    } else if (a.rfind("--daemon=", 0) == 0) {
-      out->endpoint = a.substr(9);
-    } else if (a == "--timeout") {
-      const char* v = value("--timeout");
-      if (!v) return false;
-      char* end = nullptr;
-      out->timeout_s = std::strtod(v, &end);
-      if (end == v || *end || out->timeout_s <= 0 || out->timeout_s > 3600) {
-        std::fprintf(stderr, "opguard %s: --timeout wants seconds (0 < S <= 3600)\n", argv[0]);
-        return false;
-      }
-    } else if (allow_json && a == "--json") {
-      out->json = true;
-    } else if (a.rfind("--", 0) == 0) {
-      std::fprintf(stderr, "opguard %s: unknown option %s (usage: opguard %s)\n", argv[0], a.c_str(), usage);
-      return false;
-    } else {
-      out->positional.push_back(a);
-    }
-  }
-  return true;
-}
-
-std::chrono::milliseconds Timeout(const DaemonArgs& a) {
-  return std::chrono::milliseconds(static_cast<int64_t>(a.timeout_s * 1000));
-}
 
 std::string FormatTime(uint64_t ns) {
   if (ns == 0) return "-";
@@ -102,8 +49,8 @@ int Fail(const char* command, const Status& st) {
 
 int StatusMain(int argc, char** argv) {
   DaemonArgs args;
-  if (!ParseArgs(argc, argv, true, "status [--daemon ENDPOINT] [--timeout S] [--json]", &args)) return 2;
-  daemon::DaemonClient client(args.endpoint, Timeout(args));
+  if (!ParseDaemonArgs(argc, argv, "status [--daemon ENDPOINT] [--timeout S] [--json]", true, &args)) return 2;
+  daemon::DaemonClient client(args.endpoint, args.timeout());
   auto answer = client.Status();
   if (!answer.ok()) return Fail("status", answer.status());
   const auto* s = answer->envelope()->message_as_StatusAnswer();
@@ -145,8 +92,8 @@ int StatusMain(int argc, char** argv) {
 
 int RunsMain(int argc, char** argv) {
   DaemonArgs args;
-  if (!ParseArgs(argc, argv, true, "runs [--daemon ENDPOINT] [--timeout S] [--json]", &args)) return 2;
-  daemon::DaemonClient client(args.endpoint, Timeout(args));
+  if (!ParseDaemonArgs(argc, argv, "runs [--daemon ENDPOINT] [--timeout S] [--json]", true, &args)) return 2;
+  daemon::DaemonClient client(args.endpoint, args.timeout());
   auto answer = client.ListRuns();
   if (!answer.ok()) return Fail("runs", answer.status());
   const auto* list = answer->envelope()->message_as_ListRunsAnswer();
@@ -208,12 +155,12 @@ int RunsMain(int argc, char** argv) {
 int RmMain(int argc, char** argv) {
   DaemonArgs args;
   args.timeout_s = 60;  // deleting waits for a durable write
-  if (!ParseArgs(argc, argv, false, "rm RUN [--daemon ENDPOINT] [--timeout S]", &args)) return 2;
+  if (!ParseDaemonArgs(argc, argv, "rm RUN [--daemon ENDPOINT] [--timeout S]", false, &args)) return 2;
   if (args.positional.size() != 1) {
     std::fprintf(stderr, "opguard rm: give exactly one run name (usage: opguard rm RUN [--daemon ENDPOINT])\n");
     return 2;
   }
-  daemon::DaemonClient client(args.endpoint, Timeout(args));
+  daemon::DaemonClient client(args.endpoint, args.timeout());
   Status st = client.DeleteRun(args.positional[0]);
   if (!st.ok()) return Fail("rm", st);
   std::printf("removed run '%s'\n", args.positional[0].c_str());

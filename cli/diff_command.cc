@@ -10,11 +10,13 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "cli/command.h"
+#include "cli/daemon_args.h"
 #include "opguard/aligner/render.h"
 #include "opguard/daemon/client.h"
 #include "opguard/daemon/report_wire.h"
@@ -22,13 +24,10 @@
 namespace opguard::cli {
 namespace {
 
-struct Args {
-  std::string endpoint = daemon::kDefaultQueryEndpoint;
-  double timeout_s = 120;
-  bool json = false;
+struct Args : DaemonArgs {
+  Args() { timeout_s = 120; }
   int64_t rank = -1;
   std::vector<uint32_t> replicas;
-  std::vector<std::string> positional;
 };
 
 bool ParseRank(const std::string& text, uint32_t* out) {
@@ -42,50 +41,25 @@ bool ParseRank(const std::string& text, uint32_t* out) {
   return true;
 }
 
-// --daemon E, --timeout S, --json, and per command --rank R / --replicas
-// R,R,...; returns false after a one-line error.
+// The daemon options (cli/daemon_args.h), --json, and per command --rank R /
+// --replicas R,R,...; returns false after a one-line error.
 bool Parse(int argc, char** argv, const char* usage, bool allow_rank, bool allow_replicas,
            Args* out) {
-  if (const char* env = std::getenv("OPGUARD_DAEMON"); env && *env) out->endpoint = env;
   const std::string cmd = argv[0];
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto value = [&](const char* name) -> const char* {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "opguard %s: %s needs a value\n", cmd.c_str(), name);
-        return nullptr;
-      }
-      return argv[++i];
-    };
-    if (a == "--help" || a == "-h") {
-      std::printf("usage: opguard %s\n", usage);
-      std::exit(0);
-    } else if (a == "--daemon" || a.rfind("--daemon=", 0) == 0) {
-      const char* v = a == "--daemon" ? value("--daemon") : argv[i] + 9;
-      if (!v) return false;
-      out->endpoint = v;
-    } else if (a == "--timeout") {
-      const char* v = value("--timeout");
-      if (!v) return false;
-      char* end = nullptr;
-      out->timeout_s = std::strtod(v, &end);
-      if (end == v || *end || out->timeout_s <= 0 || out->timeout_s > 3600) {
-        std::fprintf(stderr, "opguard %s: --timeout wants seconds (0 < S <= 3600)\n", cmd.c_str());
-        return false;
-      }
-    } else if (a == "--json") {
-      out->json = true;
-    } else if (allow_rank && a == "--rank") {
-      const char* v = value("--rank");
+  auto extra = [&](const std::string& option, const std::function<const char*()>& value) -> int {
+    if (allow_rank && option == "--rank") {
+      const char* v = value();
       uint32_t r = 0;
       if (!v || !ParseRank(v, &r)) {
         std::fprintf(stderr, "opguard %s: --rank wants a rank number\n", cmd.c_str());
-        return false;
+        return -1;
       }
       out->rank = r;
-    } else if (allow_replicas && a == "--replicas") {
-      const char* v = value("--replicas");
-      if (!v) return false;
+      return 1;
+    }
+    if (allow_replicas && option == "--replicas") {
+      const char* v = value();
+      if (!v) return -1;
       std::string list = v;
       size_t p = 0;
       while (p <= list.size()) {
@@ -96,24 +70,16 @@ bool Parse(int argc, char** argv, const char* usage, bool allow_rank, bool allow
           std::fprintf(stderr,
                        "opguard %s: --replicas wants ranks separated by commas, e.g. 0,1,2,3\n",
                        cmd.c_str());
-          return false;
+          return -1;
         }
         out->replicas.push_back(r);
         p = q + 1;
       }
-    } else if (a.rfind("--", 0) == 0) {
-      std::fprintf(stderr, "opguard %s: unknown option %s (usage: opguard %s)\n", cmd.c_str(),
-                   a.c_str(), usage);
-      return false;
-    } else {
-      out->positional.push_back(a);
+      return 1;
     }
-  }
-  return true;
-}
-
-std::chrono::milliseconds Timeout(const Args& a) {
-  return std::chrono::milliseconds(static_cast<int64_t>(a.timeout_s * 1000));
+    return 0;
+  };
+  return ParseDaemonArgs(argc, argv, usage, /*allow_json=*/true, out, extra);
 }
 
 // Peers get most of the CLI's own timeout so that a missing peer still leaves
@@ -140,7 +106,7 @@ int DiffMain(int argc, char** argv) {
                  kUsage);
     return 2;
   }
-  daemon::DaemonClient client(args.endpoint, Timeout(args));
+  daemon::DaemonClient client(args.endpoint, args.timeout());
   flatbuffers::FlatBufferBuilder b;
   wire::FinishEnvelope(b, wire::CreateDiffRequest(b, b.CreateString(args.positional[0]),
                                                   b.CreateString(args.positional[1]), args.rank,
@@ -173,7 +139,7 @@ int RanksMain(int argc, char** argv) {
     std::fprintf(stderr, "opguard ranks: give exactly one run (usage: opguard %s)\n", kUsage);
     return 2;
   }
-  daemon::DaemonClient client(args.endpoint, Timeout(args));
+  daemon::DaemonClient client(args.endpoint, args.timeout());
   flatbuffers::FlatBufferBuilder b;
   wire::FinishEnvelope(
       b, wire::CreateRanksRequest(b, b.CreateString(args.positional[0]), false, PeerTimeoutMs(args),
@@ -203,7 +169,7 @@ int CollectivesMain(int argc, char** argv) {
     std::fprintf(stderr, "opguard collectives: give exactly one run (usage: opguard %s)\n", kUsage);
     return 2;
   }
-  daemon::DaemonClient client(args.endpoint, Timeout(args));
+  daemon::DaemonClient client(args.endpoint, args.timeout());
   flatbuffers::FlatBufferBuilder b;
   wire::FinishEnvelope(b, wire::CreateCollectivesRequest(b, b.CreateString(args.positional[0]),
                                                          false, PeerTimeoutMs(args)));
