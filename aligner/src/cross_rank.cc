@@ -193,12 +193,72 @@ CollectivesReport CheckCollectives(const std::vector<RankCollectives>& ranks,
   return out;
 }
 
+namespace {
+
+bool AnyReplicated(const RankTrace& t) {
+  for (const LaneTrace& lane : t.lanes) {
+    for (const OpEvent& e : lane.ops) {
+      if (e.replicated()) return true;
+    }
+  }
+  return false;
+}
+
+// The trace restricted to its replicated ops. Op indices stay those of the
+// full trace (so reports and gaps keep pointing at real positions).
+RankTrace ReplicatedOnly(const RankTrace& t) {
+  RankTrace out;
+  out.rank = t.rank;
+  out.gaps = t.gaps;
+  for (const LaneTrace& lane : t.lanes) {
+    LaneTrace kept;
+    kept.lane = lane.lane;
+    for (const OpEvent& e : lane.ops) {
+      if (e.replicated()) kept.ops.push_back(e);
+    }
+    if (!kept.ops.empty()) out.lanes.push_back(std::move(kept));
+  }
+  return out;
+}
+
+uint64_t OpCount(const RankTrace& t) {
+  uint64_t n = 0;
+  for (const LaneTrace& lane : t.lanes) n += lane.ops.size();
+  return n;
+}
+
+}  // namespace
+
 Result<ReplicaReport> CompareReplicas(const std::vector<const RankTrace*>& replicas, const DiffContext& ctx) {
   ReplicaReport out;
   if (replicas.size() < 2) return InvalidArgument("replica comparison needs at least two ranks");
   std::vector<const RankTrace*> sorted = replicas;
   std::sort(sorted.begin(), sorted.end(), [](const RankTrace* a, const RankTrace* b) { return a->rank < b->rank; });
   for (const RankTrace* t : sorted) out.ranks.push_back(t->rank);
+
+  // Replicas train on different data: their forward and backward ops differ by
+  // design. What must agree is what they compute from the reduced gradients
+  // (the optimizer's step) and whatever the program marked replicated; when
+  // the traces carry such marks, only those ops are compared.
+  out.replicated_only = std::any_of(sorted.begin(), sorted.end(),
+                                    [](const RankTrace* t) { return AnyReplicated(*t); });
+  std::vector<RankTrace> restricted;
+  if (out.replicated_only) {
+    restricted.reserve(sorted.size());
+    for (const RankTrace* t : sorted) restricted.push_back(ReplicatedOnly(*t));
+    for (size_t k = 0; k < sorted.size(); ++k) sorted[k] = &restricted[k];
+    for (const RankTrace* t : sorted) {
+      if (t->lanes.empty()) {
+        out.notes.push_back("rank " + std::to_string(t->rank) +
+                            " recorded no op marked replicated: is it a replica of the others?");
+      }
+    }
+  } else {
+    out.notes.push_back(
+        "no op is marked replicated (the optimizer's step, opguard.replicated()): whole traces "
+        "compared; replicas that train on different data differ from their first op");
+  }
+  out.compared_ops = OpCount(*sorted[0]);
   const RankTrace& base = *sorted[0];
   bool incomplete = false;
   const RankDiff* earliest = nullptr;

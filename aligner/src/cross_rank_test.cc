@@ -148,6 +148,51 @@ TEST(CompareReplicas, BaseRankCanBeTheOddOne) {
   EXPECT_EQ(rep->odd_ranks, std::vector<uint32_t>{0});
 }
 
+TEST(CompareReplicas, OnlyReplicatedOpsAreComparedWhenMarked) {
+  // Each replica's forward ops (F, G) see its own data; the optimizer's ops
+  // (U, V, marked '+') must agree. Rank 2's second update differs.
+  std::vector<RankTrace> ts{Rank(0, "F#a G#a U+ V+ F#d G#d U+ V+"),
+                            Rank(1, "F#b G#b U+ V+ F#e G#e U+ V+"),
+                            Rank(2, "F#c G#c U+ V+ F#f G#f U+ V#flip+")};
+  std::vector<const RankTrace*> ptrs{&ts[0], &ts[1], &ts[2]};
+  Result<ReplicaReport> rep = CompareReplicas(ptrs, {});
+  ASSERT_TRUE(rep.ok());
+  EXPECT_TRUE(rep->replicated_only);
+  EXPECT_EQ(rep->compared_ops, 4u);
+  EXPECT_EQ(rep->status, DiffStatus::kDiverged);
+  EXPECT_EQ(rep->odd_ranks, std::vector<uint32_t>{2});
+  // The report points at the op's index in the full trace.
+  EXPECT_EQ(rep->first_divergence->reference.op_index, 7u);
+  EXPECT_EQ(rep->first_divergence->suspect.op_index, 7u);
+  EXPECT_TRUE(rep->notes.empty());
+
+  // Without rank 2, the replicas agree although every forward op differs.
+  Result<ReplicaReport> clean = CompareReplicas({&ts[0], &ts[1]}, {});
+  ASSERT_TRUE(clean.ok());
+  EXPECT_EQ(clean->status, DiffStatus::kIdentical);
+}
+
+TEST(CompareReplicas, UnmarkedTracesAreComparedWholeWithANote) {
+  std::vector<RankTrace> ts{Rank(0, "F#a U"), Rank(1, "F#b U")};
+  Result<ReplicaReport> rep = CompareReplicas({&ts[0], &ts[1]}, {});
+  ASSERT_TRUE(rep.ok());
+  EXPECT_FALSE(rep->replicated_only);
+  EXPECT_EQ(rep->compared_ops, 2u);
+  EXPECT_EQ(rep->status, DiffStatus::kDiverged);
+  EXPECT_EQ(rep->first_divergence->reference.op_index, 0u);
+  ASSERT_FALSE(rep->notes.empty());  // and: no majority of two
+  EXPECT_NE(rep->notes[0].find("no op is marked replicated"), std::string::npos);
+}
+
+TEST(CompareReplicas, RankWithoutMarkedOpsIsNamed) {
+  std::vector<RankTrace> ts{Rank(0, "F#a U+"), Rank(1, "F#b U")};
+  Result<ReplicaReport> rep = CompareReplicas({&ts[0], &ts[1]}, {});
+  ASSERT_TRUE(rep.ok());
+  EXPECT_TRUE(rep->replicated_only);
+  ASSERT_EQ(rep->notes.size(), 1u);
+  EXPECT_NE(rep->notes[0].find("rank 1 recorded no op marked replicated"), std::string::npos);
+}
+
 TEST(CompareReplicas, NeedsTwoRanks) {
   RankTrace t = Rank(0, "A");
   EXPECT_FALSE(CompareReplicas({&t}, {}).ok());

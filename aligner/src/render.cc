@@ -446,6 +446,8 @@ json ToJson(const ReplicaReport& r) {
               {"ranks", r.ranks},
               {"first_divergence", Divergence(r.first_divergence)},
               {"odd_ranks", r.odd_ranks},
+              {"compared", r.replicated_only ? "replicated_ops" : "all_ops"},
+              {"compared_ops", r.compared_ops},
               {"pairs", pairs},
               {"notes", r.notes}};
 }
@@ -607,7 +609,7 @@ std::string ToText(const ReplicaReport& r) {
   std::ostringstream o;
   o << "replicas " << Ranks(r.ranks) << " · " << DiffStatusName(r.status);
   if (!r.odd_ranks.empty()) o << " · disagreeing with the majority: rank(s) " << Ranks(r.odd_ranks);
-  o << "\n";
+  o << " · " << r.compared_ops << (r.replicated_only ? " replicated op(s)" : " op(s)") << " compared\n";
   if (r.first_divergence) {
     PivotText(o, *r.first_divergence, "first divergence");
     EvidenceText(o, *r.first_divergence);

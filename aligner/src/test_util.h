@@ -1,7 +1,7 @@
 // Test helpers: traces written as token strings. A token's text before '#'
 // is its structure (key, name, site); the full token is its output
-// fingerprint; a trailing '!' marks a nondeterministic op; a token starting
-// with '~' gets a different input digest. "A B#x C!" = three ops; the second
+// fingerprint; a trailing '!' marks a nondeterministic op, a trailing '+' a
+// replicated one; a token starting with '~' gets a different input digest. "A B#x C!" = three ops; the second
 // is structurally "B" but its output differs from a plain "B".
 #pragma once
 
@@ -18,6 +18,8 @@ inline uint64_t Id(const std::string& s) { return std::hash<std::string>{}(s) | 
 inline OpEvent Ev(const std::string& token_in, uint64_t op_index, uint64_t step = 0) {
   std::string token = token_in;
   OpEvent e;
+  bool replicated = !token.empty() && token.back() == '+';
+  if (replicated) token.pop_back();
   bool nd = !token.empty() && token.back() == '!';
   if (nd) token.pop_back();
   bool other_input = !token.empty() && token[0] == '~';
@@ -30,7 +32,7 @@ inline OpEvent Ev(const std::string& token_in, uint64_t op_index, uint64_t step 
   e.key = Id("key:" + structure);
   e.outputs = Fp128{Id("out:" + token), 7};
   e.inputs = Fp128{Id(other_input ? "in2:" + structure : "in:" + structure), 9};
-  e.flags = nd ? OpEvent::kNondeterministic : 0;
+  e.flags = (nd ? OpEvent::kNondeterministic : 0) | (replicated ? OpEvent::kReplicated : 0);
   return e;
 }
 

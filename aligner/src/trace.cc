@@ -98,7 +98,8 @@ OpEvent MakeOpEvent(const OpDetail& d) {
   e.key = StructuralKey(d);
   e.outputs = OutputDigest(d.outputs);
   e.inputs = InputDigest(d.inputs);
-  e.flags = d.nondeterministic ? OpEvent::kNondeterministic : 0;
+  e.flags = (d.nondeterministic ? OpEvent::kNondeterministic : 0) |
+            (d.replicated ? OpEvent::kReplicated : 0);
   return e;
 }
 

@@ -97,6 +97,7 @@ Offset<wire::OpRecord> CopyOpRecord(FlatBufferBuilder& b, const wire::OpRecord* 
   ob.add_lane(op->lane());
   ob.add_backward(op->backward());
   ob.add_nondeterministic(op->nondeterministic());
+  ob.add_replicated(op->replicated());
   return ob.Finish();
 }
 

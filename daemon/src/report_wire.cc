@@ -281,7 +281,7 @@ Offset<wire::ReplicaGroup> ReplicaGroupToWire(FlatBufferBuilder& b, const aligne
   auto odd = b.CreateVector(r.odd_ranks);
   auto notes = Strings(b, r.notes);
   return wire::CreateReplicaGroup(b, node_s, StatusToWire(r.status), ranks, pairs_vec, first, odd,
-                                  notes);
+                                  notes, r.replicated_only, r.compared_ops);
 }
 
 aligner::ReplicaReport ReplicaGroupFromWire(const wire::ReplicaGroup& w) {
@@ -294,6 +294,8 @@ aligner::ReplicaReport ReplicaGroupFromWire(const wire::ReplicaGroup& w) {
   r.first_divergence = FirstFromWire(w.first_divergence());
   r.odd_ranks = Vec(w.odd_ranks());
   r.notes = StringsFrom(w.notes());
+  r.replicated_only = w.replicated_only();
+  r.compared_ops = w.compared_ops();
   return r;
 }
 

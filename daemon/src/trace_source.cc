@@ -122,6 +122,7 @@ void OpDetailFromRecord(const wire::OpRecord& r, aligner::OpDetail* d) {
   d->start_ns = r.start_ns();
   d->duration_ns = r.duration_ns();
   d->nondeterministic = r.nondeterministic();
+  d->replicated = r.replicated();
 }
 
 Result<aligner::RankTrace> LoadRankTrace(const Store& store, uint64_t run, uint32_t rank,

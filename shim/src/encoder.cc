@@ -204,6 +204,7 @@ bool EncodeOp(EntryReader& r, Builder& b) {
   ob.add_start_ns(op.start_ns);
   ob.add_duration_ns(op.duration_ns);
   ob.add_nondeterministic((op.flags & OPGUARD_OP_NONDETERMINISTIC) != 0);
+  ob.add_replicated((op.flags & OPGUARD_OP_REPLICATED) != 0);
   b.ops.push_back(ob.Finish());
   return true;
 }

@@ -72,7 +72,7 @@ TEST(ShimEncoder, GapsStringsAndSplitting) {
   for (uint64_t i = 0; i < 5; ++i) {
     OpFixed op{};
     op.op_index = i;
-    op.flags = OPGUARD_OP_BACKWARD | OPGUARD_OP_HAS_SEQ_NR;
+    op.flags = OPGUARD_OP_BACKWARD | OPGUARD_OP_HAS_SEQ_NR | (i == 1 ? uint32_t{OPGUARD_OP_REPLICATED} : 0u);
     op.seq_nr = 100 + static_cast<int64_t>(i);
     Stage(buf, EntryKind::kOp, op);
   }
@@ -96,6 +96,8 @@ TEST(ShimEncoder, GapsStringsAndSplitting) {
   ASSERT_EQ(b->ops()->size(), 2u);
   EXPECT_TRUE(b->ops()->Get(1)->backward());
   EXPECT_EQ(b->ops()->Get(1)->seq_nr(), 101);
+  EXPECT_FALSE(b->ops()->Get(0)->replicated());
+  EXPECT_TRUE(b->ops()->Get(1)->replicated());
   EXPECT_EQ(batches[0].records, 2u);
   const w::Batch* c = Open(batches[2]);
   ASSERT_NE(c, nullptr);

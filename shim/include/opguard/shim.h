@@ -164,7 +164,9 @@ enum {
   OPGUARD_OP_BACKWARD = 1u << 0,         /* recorded during backward */
   OPGUARD_OP_NONDETERMINISTIC = 1u << 1, /* preflight verdict */
   OPGUARD_OP_HAS_SEQ_NR = 1u << 2,       /* seq_nr is valid */
-  OPGUARD_OP_EXPLICIT_STEP = 1u << 3     /* use `step` instead of the current step */
+  OPGUARD_OP_EXPLICIT_STEP = 1u << 3,   /* use `step` instead of the current step */
+  OPGUARD_OP_REPLICATED = 1u << 4        /* data-parallel replicas must agree on
+                                          * its bits (e.g. the optimizer's step) */
 };
 
 typedef struct opguard_op {

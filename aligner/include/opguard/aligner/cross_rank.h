@@ -34,8 +34,11 @@ CollectivesReport CheckCollectives(const std::vector<RankCollectives>& ranks,
 
 // Compares ranks that must compute identical bits (data-parallel replicas,
 // or any ranks the caller says should agree) op by op, each against the
-// lowest rank of `replicas`. ctx's reference and suspect sources both refer to
-// the one run. Names the ranks outside the majority at the earliest pivot.
+// lowest rank of `replicas`. When any trace has ops marked replicated
+// (OpEvent::kReplicated: the optimizer's step, regions the program marked),
+// only those are compared; otherwise whole traces are. ctx's reference and
+// suspect sources both refer to the one run. Names the ranks outside the
+// majority at the earliest pivot.
 Result<ReplicaReport> CompareReplicas(const std::vector<const RankTrace*>& replicas,
                                       const DiffContext& ctx);
 

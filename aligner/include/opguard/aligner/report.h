@@ -231,6 +231,10 @@ struct ReplicaReport {
   std::vector<RankDiff> pairs;       // rank r (as suspect) against ranks[0] (as reference)
   std::optional<FirstDivergence> first_divergence;  // earliest pivot over all pairs
   std::vector<uint32_t> odd_ranks;   // ranks outside the majority at that pivot
+  // True: only ops marked replicated were compared (some trace carried such
+  // marks); false: whole traces were.
+  bool replicated_only = false;
+  uint64_t compared_ops = 0;         // ops of ranks[0] that took part
   std::vector<std::string> notes;
 };
 

@@ -88,11 +88,13 @@ struct OpDetail {
   uint64_t start_ns = 0;
   uint64_t duration_ns = 0;
   bool nondeterministic = false;
+  bool replicated = false;  // data-parallel replicas must agree on it
 };
 
 // Compact op event: everything the alignment and the pivot walk look at.
 struct OpEvent {
   static constexpr uint32_t kNondeterministic = 1u << 0;
+  static constexpr uint32_t kReplicated = 1u << 1;
 
   uint64_t op_index = 0;
   uint64_t step = 0;
@@ -106,6 +108,7 @@ struct OpEvent {
   uint32_t flags = 0;
 
   bool nondeterministic() const { return (flags & kNondeterministic) != 0; }
+  bool replicated() const { return (flags & kReplicated) != 0; }
 };
 
 // The compact event of a full record. The daemon calls this (or fills OpEvent

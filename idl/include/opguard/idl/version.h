@@ -8,6 +8,6 @@
 namespace opguard::wire {
 
 inline constexpr uint16_t kSchemaMajor = 1;
-inline constexpr uint16_t kSchemaMinor = 1;  // 1: aligner queries (issue 6)
+inline constexpr uint16_t kSchemaMinor = 2;  // 1: aligner queries; 2: OpRecord.replicated
 
 }  // namespace opguard::wire
