@@ -189,14 +189,12 @@ std::vector<aligner::CollectiveEvent> OnePerCollective(
 Offset<wire::CollectivesAnswer> CollectivesToWire(FlatBufferBuilder& b, const CollectivesPart& part,
                                                   aligner::DiffStatus status,
                                                   const std::vector<uint32_t>& missing) {
+  // Every rank is listed (its presence is what `partial` is decided on); its
+  // records travel in the groups.
   std::vector<Offset<wire::RankCollectives>> ranks;
-  for (const auto& [rank, events] : part.ranks) {
-    std::vector<Offset<wire::CollectiveRecord>> records;
-    records.reserve(events.size());
-    for (const auto& e : events) records.push_back(CollectiveToWire(b, e));
-    ranks.push_back(wire::CreateRankCollectives(b, rank, b.CreateVector(records)));
-  }
+  for (const auto& [rank, events] : part.ranks) ranks.push_back(wire::CreateRankCollectives(b, rank));
   auto ranks_vec = b.CreateVector(ranks);
+  auto groups_vec = CollectiveGroupsToWire(b, part.ranks);
   std::vector<Offset<wire::CommunicatorDef>> comms;
   for (const auto& [id, c] : part.communicators) {
     comms.push_back(wire::CreateCommunicatorDef(b, c.id, b.CreateString(c.name),
@@ -222,22 +220,18 @@ Offset<wire::CollectivesAnswer> CollectivesToWire(FlatBufferBuilder& b, const Co
   auto nodes = NodesToWire(b, part.nodes);
   auto notes = Strings(b, part.notes);
   return wire::CreateCollectivesAnswer(b, StatusToWire(status), ranks_vec, comms_vec, strings_vec,
-                                       sites_vec, gaps_vec, expected, missing_vec, nodes, notes);
+                                       sites_vec, gaps_vec, expected, missing_vec, nodes, notes,
+                                       groups_vec);
 }
 
 void MergeCollectives(CollectivesPart* into, const wire::CollectivesAnswer& a) {
-  if (a.ranks()) {
-    for (const auto* r : *a.ranks()) {
-      if (into->ranks.count(r->rank())) {
-        into->notes.push_back("rank " + std::to_string(r->rank()) +
-                              " answered by two daemons; first answer kept");
-        continue;
-      }
-      auto& events = into->ranks[r->rank()];
-      if (r->events()) {
-        for (const auto* e : *r->events()) events.push_back(CollectiveFromWire(*e));
-      }
+  for (auto& rc : CollectivesFromWire(a)) {
+    if (into->ranks.count(rc.rank)) {
+      into->notes.push_back("rank " + std::to_string(rc.rank) +
+                            " answered by two daemons; first answer kept");
+      continue;
     }
+    into->ranks[rc.rank] = std::move(rc.events);
   }
   if (a.communicators()) {
     for (const auto* c : *a.communicators())

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <set>
 #include <sstream>
+#include <tuple>
+#include <unordered_map>
 
 #include "opguard/aligner/render.h"
 
@@ -349,6 +351,97 @@ aligner::CollectiveEvent CollectiveFromWire(const wire::CollectiveRecord& w) {
   return e;
 }
 
+namespace {
+
+// Identity of a collective summary for grouping: every field but time_ns.
+std::string GroupKey(const aligner::CollectiveEvent& e) {
+  std::string key;
+  auto put = [&key](const auto& v) { key.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+  put(e.communicator);
+  put(e.seq);
+  put(e.phase);
+  put(e.kind);
+  put(e.dtype);
+  put(e.count);
+  put(e.root);
+  put(e.reduce_op);
+  put(e.lane);
+  put(e.op_index);
+  put(e.step);
+  put(e.site);
+  for (const auto& f : e.outputs) {
+    put(f.lo);
+    put(f.hi);
+  }
+  return key;
+}
+
+}  // namespace
+
+Offset<flatbuffers::Vector<Offset<wire::CollectiveGroup>>> CollectiveGroupsToWire(
+    FlatBufferBuilder& b, const std::map<uint32_t, std::vector<aligner::CollectiveEvent>>& by_rank) {
+  struct Group {
+    aligner::CollectiveEvent record;
+    std::vector<uint32_t> ranks;
+  };
+  std::vector<Group> groups;
+  std::unordered_map<std::string, size_t> index;
+  for (const auto& [rank, events] : by_rank) {
+    for (const auto& e : events) {
+      auto [it, added] = index.emplace(GroupKey(e), groups.size());
+      if (added) {
+        groups.push_back({e, {rank}});
+        continue;
+      }
+      Group& g = groups[it->second];
+      g.ranks.push_back(rank);  // by_rank is ordered: ranks stay ascending
+      if (e.time_ns != 0 && (g.record.time_ns == 0 || e.time_ns < g.record.time_ns))
+        g.record.time_ns = e.time_ns;
+    }
+  }
+  std::vector<Offset<wire::CollectiveGroup>> out;
+  out.reserve(groups.size());
+  for (const Group& g : groups) {
+    auto record = CollectiveToWire(b, g.record);
+    out.push_back(wire::CreateCollectiveGroup(b, record, b.CreateVector(g.ranks)));
+  }
+  return b.CreateVector(out);
+}
+
+std::vector<aligner::RankCollectives> CollectivesFromWire(const wire::CollectivesAnswer& a) {
+  std::vector<aligner::RankCollectives> out;
+  std::unordered_map<uint32_t, size_t> slot;
+  if (a.ranks()) {
+    for (const auto* r : *a.ranks()) {
+      if (!slot.emplace(r->rank(), out.size()).second) continue;
+      aligner::RankCollectives rc;
+      rc.rank = r->rank();
+      if (r->events()) {
+        rc.events.reserve(r->events()->size());
+        for (const auto* e : *r->events()) rc.events.push_back(CollectiveFromWire(*e));
+      }
+      out.push_back(std::move(rc));
+    }
+  }
+  if (a.groups()) {
+    for (const auto* g : *a.groups()) {
+      if (!g->record() || !g->ranks()) continue;
+      aligner::CollectiveEvent e = CollectiveFromWire(*g->record());
+      for (uint32_t rank : *g->ranks()) {
+        // A group naming a rank the answer does not list is malformed: the
+        // rank's presence (and so `partial`) is decided by `ranks` alone.
+        if (auto it = slot.find(rank); it != slot.end()) out[it->second].events.push_back(e);
+      }
+    }
+  }
+  for (auto& rc : out) {
+    std::stable_sort(rc.events.begin(), rc.events.end(), [](const auto& x, const auto& y) {
+      return std::tie(x.communicator, x.seq) < std::tie(y.communicator, y.seq);
+    });
+  }
+  return out;
+}
+
 aligner::Communicator CommunicatorFromWire(const wire::CommunicatorDef& w) {
   aligner::Communicator c;
   c.id = w.id();
@@ -368,18 +461,7 @@ aligner::DiffReport MergeDiffAnswer(const wire::DiffAnswer& a) {
 }
 
 aligner::CollectivesReport CheckCollectivesAnswer(const wire::CollectivesAnswer& a) {
-  std::vector<aligner::RankCollectives> ranks;
-  if (a.ranks()) {
-    for (const auto* r : *a.ranks()) {
-      aligner::RankCollectives rc;
-      rc.rank = r->rank();
-      if (r->events()) {
-        rc.events.reserve(r->events()->size());
-        for (const auto* e : *r->events()) rc.events.push_back(CollectiveFromWire(*e));
-      }
-      ranks.push_back(std::move(rc));
-    }
-  }
+  std::vector<aligner::RankCollectives> ranks = CollectivesFromWire(a);
   std::vector<aligner::Communicator> comms;
   std::set<uint64_t> seen;
   if (a.communicators()) {

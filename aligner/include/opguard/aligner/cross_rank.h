@@ -2,9 +2,10 @@
 // that must agree), live collective progress, data-parallel replicas.
 //
 // Collectives are small (tens of bytes each, far fewer than ops), so for a
-// cluster query each daemon ships its ranks' CollectiveEvent lists and the
-// coordinator runs CheckCollectives once; replicas are compared where their
-// traces are (a daemon compares the replicas it holds).
+// cluster query each daemon ships its ranks' collective summaries (grouped:
+// identical records of several ranks travel once) and the coordinator runs
+// CheckCollectives once; replicas are compared where their traces are (a
+// daemon compares the replicas it holds).
 #pragma once
 
 #include <cstdint>

@@ -10,6 +10,7 @@
 
 #include <flatbuffers/flatbuffers.h>
 
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -35,6 +36,18 @@ aligner::ReplicaReport ReplicaGroupFromWire(const wire::ReplicaGroup& w);
 flatbuffers::Offset<wire::CollectiveRecord> CollectiveToWire(flatbuffers::FlatBufferBuilder& b,
                                                              const aligner::CollectiveEvent& e);
 aligner::CollectiveEvent CollectiveFromWire(const wire::CollectiveRecord& w);
+
+// Many ranks' collective summaries as CollectiveGroups: one group per distinct
+// record (every field but time_ns, which becomes the earliest of the ranks')
+// naming the ranks that recorded it. Ranks of one job mostly record identical
+// collectives, so an answer shrinks by about the number of ranks it covers.
+flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<wire::CollectiveGroup>>>
+CollectiveGroupsToWire(flatbuffers::FlatBufferBuilder& b,
+                       const std::map<uint32_t, std::vector<aligner::CollectiveEvent>>& by_rank);
+// Every rank listed in `a.ranks` (first listing wins) with its summaries from
+// both `ranks[].events` and `groups`, in the order of `a.ranks`; each rank's
+// records ordered by (communicator, seq).
+std::vector<aligner::RankCollectives> CollectivesFromWire(const wire::CollectivesAnswer& a);
 aligner::Communicator CommunicatorFromWire(const wire::CommunicatorDef& w);
 
 wire::DiffStatus StatusToWire(aligner::DiffStatus s);

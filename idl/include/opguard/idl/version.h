@@ -8,6 +8,7 @@
 namespace opguard::wire {
 
 inline constexpr uint16_t kSchemaMajor = 1;
-inline constexpr uint16_t kSchemaMinor = 2;  // 1: aligner queries; 2: OpRecord.replicated
+inline constexpr uint16_t kSchemaMinor = 3;  // 1: aligner queries; 2: OpRecord.replicated;
+                                             // 3: CollectivesAnswer.groups
 
 }  // namespace opguard::wire

@@ -1,0 +1,135 @@
+// Collective summaries travel grouped (one CollectiveGroup per distinct record
+// with the ranks that recorded it): the grouped answer must read back to
+// exactly the per-rank records, and give the same verdict.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "opguard/daemon/report_wire.h"
+
+namespace opguard::daemon {
+namespace {
+
+aligner::CollectiveEvent AllReduce(uint64_t seq, uint64_t out, uint64_t time_ns) {
+  aligner::CollectiveEvent e;
+  e.communicator = 11;
+  e.seq = seq;
+  e.kind = aligner::CollectiveKind::kAllReduce;
+  e.dtype = aligner::DType::kFloat32;
+  e.count = 1024;
+  e.reduce_op = 0;
+  e.outputs = {{out, 7}};
+  e.op_index = 40 + seq;
+  e.step = seq / 4;
+  e.site = 99;
+  e.time_ns = time_ns;
+  return e;
+}
+
+struct Answer {
+  flatbuffers::FlatBufferBuilder b;
+  const wire::CollectivesAnswer* root = nullptr;
+};
+
+void Build(const std::map<uint32_t, std::vector<aligner::CollectiveEvent>>& by_rank, Answer* a) {
+  std::vector<flatbuffers::Offset<wire::RankCollectives>> ranks;
+  for (const auto& [rank, events] : by_rank) ranks.push_back(wire::CreateRankCollectives(a->b, rank));
+  auto ranks_vec = a->b.CreateVector(ranks);
+  auto groups = CollectiveGroupsToWire(a->b, by_rank);
+  wire::CollectivesAnswerBuilder ab(a->b);
+  ab.add_ranks(ranks_vec);
+  ab.add_groups(groups);
+  a->b.Finish(ab.Finish());
+  a->root = flatbuffers::GetRoot<wire::CollectivesAnswer>(a->b.GetBufferPointer());
+}
+
+TEST(CollectiveGroups, IdenticalRecordsOfManyRanksTravelOnce) {
+  std::map<uint32_t, std::vector<aligner::CollectiveEvent>> by_rank;
+  for (uint32_t rank = 0; rank < 8; ++rank) {
+    for (uint64_t seq = 0; seq < 100; ++seq) by_rank[rank].push_back(AllReduce(seq, seq, 1000 + rank));
+  }
+  // Rank 5's output differs at seq 42: its record is a group of its own.
+  by_rank[5][42].outputs[0].lo = 123456;
+  Answer a;
+  Build(by_rank, &a);
+  ASSERT_NE(a.root->groups(), nullptr);
+  EXPECT_EQ(a.root->groups()->size(), 101u);
+
+  auto back = CollectivesFromWire(*a.root);
+  ASSERT_EQ(back.size(), 8u);
+  for (const auto& rc : back) {
+    ASSERT_EQ(rc.events.size(), 100u) << rc.rank;
+    for (size_t k = 0; k < rc.events.size(); ++k) {
+      const auto& got = rc.events[k];
+      const auto& want = by_rank[rc.rank][k];
+      EXPECT_EQ(got.seq, want.seq);
+      EXPECT_EQ(got.outputs, want.outputs);
+      EXPECT_EQ(got.op_index, want.op_index);
+      EXPECT_EQ(got.site, want.site);
+      // time_ns: the earliest of the group (what "waiting since" needs).
+      EXPECT_EQ(got.time_ns, rc.rank == 5 && k == 42 ? 1005u : 1000u);
+    }
+  }
+  // The same answer with one record per rank and collective (the form the
+  // groups replace) is over five times larger (8 ranks).
+  flatbuffers::FlatBufferBuilder per_rank;
+  std::vector<flatbuffers::Offset<wire::RankCollectives>> ranks;
+  for (const auto& [rank, events] : by_rank) {
+    std::vector<flatbuffers::Offset<wire::CollectiveRecord>> records;
+    for (const auto& e : events) records.push_back(CollectiveToWire(per_rank, e));
+    ranks.push_back(wire::CreateRankCollectives(per_rank, rank, per_rank.CreateVector(records)));
+  }
+  auto ranks_vec = per_rank.CreateVector(ranks);
+  wire::CollectivesAnswerBuilder pb(per_rank);
+  pb.add_ranks(ranks_vec);
+  per_rank.Finish(pb.Finish());
+  EXPECT_LT(a.b.GetSize() * 5, per_rank.GetSize()) << a.b.GetSize() << " vs " << per_rank.GetSize();
+
+  auto report = CheckCollectivesAnswer(*a.root);
+  EXPECT_EQ(report.status, aligner::DiffStatus::kDiverged);
+  ASSERT_EQ(report.mismatches.size(), 1u);
+  EXPECT_EQ(report.mismatches[0].seq, 42u);
+}
+
+TEST(CollectiveGroups, PerRankEventsAndGroupsBothRead) {
+  // An answer may carry records in ranks[].events (older senders) and in groups.
+  flatbuffers::FlatBufferBuilder b;
+  std::map<uint32_t, std::vector<aligner::CollectiveEvent>> grouped{{1, {AllReduce(0, 5, 1)}}};
+  auto e0 = CollectiveToWire(b, AllReduce(0, 5, 1));
+  std::vector<flatbuffers::Offset<wire::RankCollectives>> ranks{
+      wire::CreateRankCollectives(b, 0, b.CreateVector(std::vector{e0})),
+      wire::CreateRankCollectives(b, 1),
+      wire::CreateRankCollectives(b, 1)};  // listed twice: the first listing wins
+  auto ranks_vec = b.CreateVector(ranks);
+  auto groups = CollectiveGroupsToWire(b, grouped);
+  wire::CollectivesAnswerBuilder ab(b);
+  ab.add_ranks(ranks_vec);
+  ab.add_groups(groups);
+  b.Finish(ab.Finish());
+  auto back = CollectivesFromWire(*flatbuffers::GetRoot<wire::CollectivesAnswer>(b.GetBufferPointer()));
+  ASSERT_EQ(back.size(), 2u);
+  EXPECT_EQ(back[0].rank, 0u);
+  EXPECT_EQ(back[1].rank, 1u);
+  EXPECT_EQ(back[0].events.size(), 1u);
+  EXPECT_EQ(back[1].events.size(), 1u);
+}
+
+TEST(CollectiveGroups, GroupNamingAnUnlistedRankIsIgnored) {
+  std::map<uint32_t, std::vector<aligner::CollectiveEvent>> by_rank{{0, {AllReduce(0, 1, 1)}},
+                                                                      {3, {AllReduce(0, 1, 1)}}};
+  flatbuffers::FlatBufferBuilder b;
+  std::vector<flatbuffers::Offset<wire::RankCollectives>> ranks{wire::CreateRankCollectives(b, 0)};
+  auto ranks_vec = b.CreateVector(ranks);
+  auto groups = CollectiveGroupsToWire(b, by_rank);
+  wire::CollectivesAnswerBuilder ab(b);
+  ab.add_ranks(ranks_vec);
+  ab.add_groups(groups);
+  b.Finish(ab.Finish());
+  auto back = CollectivesFromWire(*flatbuffers::GetRoot<wire::CollectivesAnswer>(b.GetBufferPointer()));
+  ASSERT_EQ(back.size(), 1u);
+  EXPECT_EQ(back[0].rank, 0u);
+  EXPECT_EQ(back[0].events.size(), 1u);
+}
+
+}  // namespace
+}  // namespace opguard::daemon
