@@ -305,5 +305,25 @@ TEST(Causality, CyclicFallsBackToEarliestStep) {
   EXPECT_EQ(k.diverging, std::vector<uint32_t>{0});
 }
 
+TEST(BoundaryId, KeysOnBaseNameFunctionAndLineText) {
+  const uint64_t a = BoundaryId("/x/model.py", "forward", 10, "    y = f(x)  ");
+  EXPECT_EQ(a, BoundaryId("/y/z/model.py", "forward", 31, "y = f(x)"));
+  EXPECT_NE(a, BoundaryId("/x/model.py", "backward", 10, "y = f(x)"));
+  EXPECT_NE(a, BoundaryId("/x/other.py", "forward", 10, "y = f(x)"));
+  EXPECT_NE(a, BoundaryId("/x/model.py", "forward", 10, "y = g(x)"));
+  EXPECT_NE(a, BoundaryId("/x/model.py", "forward", 12, "y = f(x)", 1));  // its second copy
+  // Text unknown: the line number decides.
+  EXPECT_EQ(BoundaryId("/x/model.py", "f", 7, ""), BoundaryId("model.py", "f", 7, "  "));
+  EXPECT_NE(BoundaryId("/x/model.py", "f", 7, ""), BoundaryId("/x/model.py", "f", 8, ""));
+  // A boundary replaces the site in the structural key.
+  OpDetail d;
+  d.name = 5;
+  d.site = 6;
+  OpDetail moved = d;
+  moved.site = 7;
+  EXPECT_NE(StructuralKey(d), StructuralKey(moved));
+  EXPECT_EQ(StructuralKey(d, a), StructuralKey(moved, a));
+}
+
 }  // namespace
 }  // namespace opguard::aligner

@@ -1,5 +1,8 @@
 #include "opguard/aligner/trace.h"
 
+#include <algorithm>
+#include <cstring>
+
 #include "hash.h"
 
 namespace opguard::aligner {
@@ -31,10 +34,10 @@ void MixShape(Hasher& h, const TensorInfo& t) {
 
 }  // namespace
 
-uint64_t StructuralKey(const OpDetail& d) {
+uint64_t StructuralKey(const OpDetail& d, uint64_t boundary) {
   Hasher h;
   h.Add(d.name);
-  h.Add(d.site);
+  h.Add(boundary != 0 ? boundary : d.site);
   h.Add(d.backward ? 1 : 0);
   h.Add(d.inputs.size());
   for (const InputValue& v : d.inputs) {
@@ -89,13 +92,51 @@ Fp128 InputDigest(const std::vector<InputValue>& inputs) {
   return h.Digest128();
 }
 
-OpEvent MakeOpEvent(const OpDetail& d) {
+namespace {
+
+void AddText(Hasher& h, std::string_view text) {
+  h.Add(text.size());
+  for (size_t i = 0; i < text.size(); i += 8) {
+    uint64_t word = 0;
+    std::memcpy(&word, text.data() + i, std::min<size_t>(8, text.size() - i));
+    h.Add(word);
+  }
+}
+
+}  // namespace
+
+std::string_view TrimmedLine(std::string_view s) {
+  const char* space = " \t\r\n\f\v";
+  const size_t first = s.find_first_not_of(space);
+  if (first == std::string_view::npos) return {};
+  return s.substr(first, s.find_last_not_of(space) - first + 1);
+}
+
+uint64_t BoundaryId(std::string_view file_path, std::string_view function, uint32_t line,
+                    std::string_view line_text, uint32_t occurrence) {
+  const size_t slash = file_path.find_last_of('/');
+  Hasher h;
+  AddText(h, slash == std::string_view::npos ? file_path : file_path.substr(slash + 1));
+  AddText(h, function);
+  const std::string_view text = TrimmedLine(line_text);
+  if (text.empty()) {
+    h.Add(0);
+    h.Add(line);
+  } else {
+    h.Add(1);
+    AddText(h, text);
+    h.Add(occurrence);
+  }
+  return h.Digest64() | 1;  // never 0: 0 means "no boundary, use the site id"
+}
+
+OpEvent MakeOpEvent(const OpDetail& d, uint64_t boundary) {
   OpEvent e;
   e.op_index = d.op_index;
   e.step = d.step;
   e.name = d.name;
   e.site = d.site;
-  e.key = StructuralKey(d);
+  e.key = StructuralKey(d, boundary);
   e.outputs = OutputDigest(d.outputs);
   e.inputs = InputDigest(d.inputs);
   e.flags = (d.nondeterministic ? OpEvent::kNondeterministic : 0) |

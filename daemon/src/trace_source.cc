@@ -137,7 +137,8 @@ Result<aligner::RankTrace> LoadRankTrace(const Store& store, uint64_t run, uint3
 }
 
 StoreDetails::StoreDetails(const Store* store, uint64_t run)
-    : store_(store), run_(run), upper_(keys::RunBegin(run + 1)), upper_slice_(upper_) {
+    : store_(store), run_(run), boundaries_(store, run), upper_(keys::RunBegin(run + 1)),
+      upper_slice_(upper_) {
   it_ = RangeIterator(*store_, Cf::kOps, &upper_slice_);
 }
 
@@ -189,7 +190,7 @@ Result<aligner::RankTrace> StoreDetails::LoadRank(uint32_t rank, const std::atom
         // session) keep the trace strictly ascending: the first one wins.
         if (!lane->ops.empty() && idx <= lane->ops.back().op_index) continue;
         OpDetailFromRecord(**op, &scratch);
-        lane->ops.push_back(aligner::MakeOpEvent(scratch));
+        lane->ops.push_back(aligner::MakeOpEvent(scratch, boundaries_.Of(scratch.site)));
       }
     }
     OPGUARD_RETURN_IF_ERROR(FromRocks(it_->status(), "reading trace"));
@@ -307,6 +308,53 @@ std::optional<aligner::OpDetail> StoreDetails::Find(uint32_t rank, uint32_t lane
   aligner::OpDetail d;
   OpDetailFromRecord(**op, &d);
   return d;
+}
+
+SiteBoundaries::SiteBoundaries(const Store* store, uint64_t run)
+    : store_(store), run_(run), strings_(std::make_unique<StoreStrings>(store, run)) {}
+SiteBoundaries::~SiteBoundaries() = default;
+
+uint64_t SiteBoundaries::Of(uint64_t site) {
+  if (site == 0) return 0;
+  if (auto it = by_site_.find(site); it != by_site_.end()) return it->second;
+  uint64_t id = 0;
+  if (auto def = strings_->SiteOf(site)) {
+    const std::string path = strings_->String(def->file).value_or("");
+    const std::string function = strings_->String(def->function).value_or("");
+    std::string_view text;
+    uint32_t occurrence = 0;
+    if (const auto* lines = Lines(def->file); lines != nullptr && def->line >= 1 &&
+                                               def->line <= lines->size()) {
+      text = aligner::TrimmedLine((*lines)[def->line - 1]);
+      for (uint32_t i = 0; i + 1 < def->line; ++i) {
+        if (aligner::TrimmedLine((*lines)[i]) == text) ++occurrence;
+      }
+    }
+    id = aligner::BoundaryId(path, function, def->line, text, occurrence);
+  }
+  by_site_.emplace(site, id);
+  return id;
+}
+
+const std::vector<std::string>* SiteBoundaries::Lines(uint64_t file) {
+  auto [it, added] = files_.try_emplace(file);
+  if (added) {
+    std::string content;
+    auto s = store_->db()->Get(rocksdb::ReadOptions(), store_->cf(Cf::kSources),
+                               keys::SourceKey(run_, file), &content);
+    if (s.ok()) {
+      std::vector<std::string> lines;
+      size_t start = 0;
+      while (start <= content.size()) {
+        size_t end = content.find('\n', start);
+        if (end == std::string::npos) end = content.size();
+        lines.emplace_back(content, start, end - start);
+        start = end + 1;
+      }
+      it->second = std::move(lines);
+    }
+  }
+  return it->second ? &*it->second : nullptr;
 }
 
 std::optional<std::string> StoreStrings::String(uint64_t id) const {

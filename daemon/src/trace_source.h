@@ -61,6 +61,28 @@ Result<std::vector<CollectiveGapRange>> LoadCollectiveGaps(const Store& store, u
 // Communicator definitions of `run` (the strings column family, kind 'c').
 Result<std::vector<aligner::Communicator>> LoadCommunicators(const Store& store, uint64_t run);
 
+class StoreStrings;
+
+// Site id -> aligner::BoundaryId (file base name, function, text of the
+// source line), from the run's site and string definitions and the source
+// files it sent; cached per site and per file. 0 for site 0 or a site the run
+// never defined (the structural key then uses the site id itself).
+class SiteBoundaries {
+ public:
+  SiteBoundaries(const Store* store, uint64_t run);
+  ~SiteBoundaries();
+  uint64_t Of(uint64_t site);
+
+ private:
+  const std::vector<std::string>* Lines(uint64_t file);
+
+  const Store* store_;
+  uint64_t run_;
+  std::unique_ptr<StoreStrings> strings_;
+  std::unordered_map<uint64_t, uint64_t> by_site_;
+  std::unordered_map<uint64_t, std::optional<std::vector<std::string>>> files_;
+};
+
 // One consistent view of a run's ops: the traces LoadRank returns and the
 // full records Find returns come from the same RocksDB iterator, so a run
 // still being written cannot change between the scan and the pivot lookup.
@@ -80,6 +102,7 @@ class StoreDetails final : public aligner::DetailSource {
  private:
   const Store* store_;
   uint64_t run_;
+  SiteBoundaries boundaries_;
   std::string upper_;
   rocksdb::Slice upper_slice_;
   mutable std::mutex mu_;

@@ -66,6 +66,24 @@ class TraceSourceTest : public ::testing::Test {
     store_ = std::move(store).value();
   }
 
+  // Strings, sites and the communicator of run `run`.
+  void WriteDefs(rocksdb::WriteBatch& wb, uint64_t run) {
+    wb.Put(store_->cf(Cf::kStrings), keys::DefKey(run, keys::kStringKind, kAdd), "aten::add");
+    wb.Put(store_->cf(Cf::kStrings), keys::DefKey(run, keys::kStringKind, kMul), "aten::mul");
+    wb.Put(store_->cf(Cf::kStrings), keys::DefKey(run, keys::kStringKind, kFile), "train.py");
+    wb.Put(store_->cf(Cf::kStrings), keys::DefKey(run, keys::kStringKind, kFunc), "step");
+    std::string site;
+    keys::PutU64(&site, kFile);
+    keys::PutU32(&site, 214);
+    keys::PutU64(&site, kFunc);
+    wb.Put(store_->cf(Cf::kStrings), keys::DefKey(run, keys::kSiteKind, kSite), site);
+    flatbuffers::FlatBufferBuilder cb;
+    cb.Finish(wire::CreateCommunicatorDef(cb, kComm, cb.CreateString("world"), 2,
+                                          cb.CreateVector(std::vector<uint32_t>{0, 1})));
+    wb.Put(store_->cf(Cf::kStrings), keys::DefKey(run, keys::kCommunicatorKind, kComm),
+           std::string(reinterpret_cast<const char*>(cb.GetBufferPointer()), cb.GetSize()));
+  }
+
   // Run `run`: rank 0 with 100 ops on lane 0 and 5 on lane 1; from op
   // `diverge_at` on lane 0 the outputs differ; collectives after every 20 ops.
   void WriteRun(uint64_t run, uint64_t diverge_at, bool with_gap) {
@@ -97,20 +115,7 @@ class TraceSourceTest : public ::testing::Test {
       keys::PutU64(&key, 7);
       wb.Put(store_->cf(Cf::kEvents), key, Gap(0, 7, 9, kComm));
     }
-    wb.Put(store_->cf(Cf::kStrings), keys::DefKey(run, keys::kStringKind, kAdd), "aten::add");
-    wb.Put(store_->cf(Cf::kStrings), keys::DefKey(run, keys::kStringKind, kMul), "aten::mul");
-    wb.Put(store_->cf(Cf::kStrings), keys::DefKey(run, keys::kStringKind, kFile), "train.py");
-    wb.Put(store_->cf(Cf::kStrings), keys::DefKey(run, keys::kStringKind, kFunc), "step");
-    std::string site;
-    keys::PutU64(&site, kFile);
-    keys::PutU32(&site, 214);
-    keys::PutU64(&site, kFunc);
-    wb.Put(store_->cf(Cf::kStrings), keys::DefKey(run, keys::kSiteKind, kSite), site);
-    flatbuffers::FlatBufferBuilder cb;
-    cb.Finish(wire::CreateCommunicatorDef(cb, kComm, cb.CreateString("world"), 2,
-                                          cb.CreateVector(std::vector<uint32_t>{0, 1})));
-    wb.Put(store_->cf(Cf::kStrings), keys::DefKey(run, keys::kCommunicatorKind, kComm),
-           std::string(reinterpret_cast<const char*>(cb.GetBufferPointer()), cb.GetSize()));
+    WriteDefs(wb, run);
     ASSERT_TRUE(store_->Write(&wb, true).ok());
   }
 
@@ -130,7 +135,7 @@ TEST_F(TraceSourceTest, LoadsLanesGapsAndCollectivesOfOneRank) {
   // The event equals the one the aligner builds from the full record.
   auto detail = StoreDetails(store_.get(), 1).Find(0, 0, 42);
   ASSERT_TRUE(detail.has_value());
-  auto event = aligner::MakeOpEvent(*detail);
+  auto event = aligner::MakeOpEvent(*detail, SiteBoundaries(store_.get(), 1).Of(detail->site));
   EXPECT_EQ(event.key, trace->lanes[0].ops[42].key);
   EXPECT_EQ(event.outputs, trace->lanes[0].ops[42].outputs);
   EXPECT_EQ(event.inputs, trace->lanes[0].ops[42].inputs);
@@ -227,6 +232,7 @@ TEST_F(TraceSourceTest, ChunkedOpsReadLikeSingleRecords) {
       wb.Put(store_->cf(Cf::kOps), keys::OpKey(2, 0, 0, last), Chunk(0, first, last));
     }
     wb.Put(store_->cf(Cf::kOps), keys::OpKey(2, 1, 0, 9), Chunk(0, 0, 9));  // another rank
+    WriteDefs(wb, 2);  // the same sites: structural keys then match run 1's
     ASSERT_TRUE(store_->Write(&wb, true).ok());
   }
   auto single = LoadRankTrace(*store_, 1, 0, false);
@@ -330,6 +336,47 @@ TEST_F(TraceSourceTest, AResentChunkOverwritesAndADeletedRunIsGone) {
                   .ok());
   EXPECT_EQ(n, 0);
   EXPECT_FALSE(more);
+}
+
+// Boundary ids come from the line's text: a line that moved (code inserted
+// above it) in a file run from another directory keeps its id; a changed line
+// does not; without the source file the line number stands in.
+TEST_F(TraceSourceTest, SiteBoundariesFollowTheSourceLineNotItsNumber) {
+  struct SiteSpec {
+    uint64_t run, site, file;
+    std::string path;
+    uint32_t line;
+    std::string source;  // empty: not sent
+  };
+  const uint64_t kFn = 0x77;
+  auto define = [&](const SiteSpec& s) {
+    rocksdb::WriteBatch wb;
+    wb.Put(store_->cf(Cf::kStrings), keys::DefKey(s.run, keys::kStringKind, s.file), s.path);
+    wb.Put(store_->cf(Cf::kStrings), keys::DefKey(s.run, keys::kStringKind, kFn), "forward");
+    std::string site;
+    keys::PutU64(&site, s.file);
+    keys::PutU32(&site, s.line);
+    keys::PutU64(&site, kFn);
+    wb.Put(store_->cf(Cf::kStrings), keys::DefKey(s.run, keys::kSiteKind, s.site), site);
+    if (!s.source.empty()) wb.Put(store_->cf(Cf::kSources), keys::SourceKey(s.run, s.file), s.source);
+    ASSERT_TRUE(store_->Write(&wb, true).ok());
+  };
+  const std::string v1 = "import torch\n\ndef forward(x):\n    y = torch.relu(x)\n    return y\n";
+  const std::string v2 = "import torch\nimport logging\n\n\ndef forward(x):\n    y = torch.relu(x)\n    return y\n";
+  const std::string v3 = "import torch\n\ndef forward(x):\n    y = torch.sigmoid(x)\n    return y\n";
+  define({10, 1, 0xA1, "/home/a/repo/model.py", 4, v1});
+  define({11, 2, 0xB1, "/home/b/repo/model.py", 6, v2});
+  define({12, 3, 0xC1, "/home/a/repo/model.py", 4, v3});
+  define({13, 4, 0xD1, "/home/a/repo/model.py", 4, ""});
+  define({14, 5, 0xE1, "/home/b/model.py", 4, ""});
+  define({15, 6, 0xF1, "/home/b/model.py", 5, ""});
+  auto of = [&](uint64_t run, uint64_t site) { return SiteBoundaries(store_.get(), run).Of(site); };
+  EXPECT_NE(of(10, 1), 0u);
+  EXPECT_EQ(of(10, 1), of(11, 2));  // moved by two lines, other checkout
+  EXPECT_NE(of(10, 1), of(12, 3));  // changed line
+  EXPECT_EQ(of(13, 4), of(14, 5));  // no source: base name, function, line number
+  EXPECT_NE(of(13, 4), of(15, 6));
+  EXPECT_EQ(of(10, 99), 0u);        // undefined site: the key keeps the site id
 }
 
 TEST(ReportWire, CollectiveSummaryRoundTrips) {

@@ -114,14 +114,14 @@ class Daemon:
 
 
 def train(site, daemon, run, ranks=4, steps=3, fault="", launcher="spawn", extra_env=None,
-          timeout=300, args=None):
-    """Trains train_gpt.py on `ranks` gloo ranks with OPGUARD=1; returns the
-    CompletedProcess (stdout has the loss lines)."""
+          timeout=300, args=None, script=TRAIN):
+    """Trains `script` (train_gpt.py or an edited copy) on `ranks` gloo ranks
+    with OPGUARD=1; returns the CompletedProcess (stdout has the loss lines)."""
     env = site.env(**dict({"OPGUARD": 1, "OPGUARD_RUN": run, "OPGUARD_ENDPOINT": daemon.ingest,
                            "OPGUARD_FLUSH_TIMEOUT_MS": 20000}, **(extra_env or {})))
     args = ["--steps", str(steps)] + (["--fault", fault] if fault else []) + list(args or [])
     if launcher == "spawn":
-        cmd = [PYTHON, TRAIN, "--spawn", str(ranks), *args]
+        cmd = [PYTHON, script, "--spawn", str(ranks), *args]
     else:
         port = 20000 + (os.getpid() * 7 + len(run) * 131) % 20000
         # Debian's torch 1.13 on Python 3.11 cannot parse torchrun's default
@@ -131,7 +131,7 @@ def train(site, daemon, run, ranks=4, steps=3, fault="", launcher="spawn", extra
         cmd = [PYTHON, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
                "--master_port", str(port), "--redirects", streams, "--tee", streams,
                "--log_dir", os.path.join(os.path.dirname(daemon.root), f"torchrun-{run}"),
-               TRAIN, *args]
+               script, *args]
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     if result.returncode != 0:
         raise AssertionError(f"training failed ({result.returncode}):\n{result.stderr[-4000:]}")

@@ -89,6 +89,44 @@ class Faults(harness.DaemonTestCase):
         rank2 = next(r for r in report["ranks"] if r["rank"] == 2)
         self.assertGreater(rank2["reordered"], 0)
 
+    def shifted_copy(self):
+        """train_gpt.py as an engineer edits it between two runs: lines added
+        near the top (so every later op's line number moves), run from another
+        checkout directory."""
+        checkout = os.path.join(self.tmp, "other-checkout")
+        os.makedirs(checkout, exist_ok=True)
+        path = os.path.join(checkout, "train_gpt.py")
+        with open(TRAIN) as f:
+            lines = f.readlines()
+        at = next(i for i, text in enumerate(lines) if text.startswith("import torch\n"))
+        added = ["import sys  # added between the runs\n", "\n",
+                 "DEBUG_TAG = 'suspect'  # and this\n"]
+        with open(path, "w") as f:
+            f.writelines(lines[:at] + added + lines[at:])
+        return path, len(added)
+
+    def test_moved_source_lines_still_align(self):
+        script, shift = self.shifted_copy()
+        harness.train(self.site, self.daemon, "shifted", ranks=RANKS, steps=STEPS, script=script)
+        report = self.diff("shifted")
+        self.assertEqual(report["status"], "identical", json.dumps(report)[:2000])
+        for rank in report["ranks"]:
+            self.assertEqual(rank["unaligned_total"], {"reference": 0, "suspect": 0}, rank)
+        # And a fault in the moved code is still named at its op, with each
+        # run's own line.
+        harness.train(self.site, self.daemon, "shifted-bitflip", ranks=RANKS, steps=STEPS,
+                      fault="bitflip:1:1", script=script)
+        report = self.diff("shifted-bitflip")
+        self.assertEqual(report["status"], "diverged", json.dumps(report)[:2000])
+        first = report["first_divergence"]
+        self.assertEqual((first["rank"], first["step"], first["op"]),
+                         (1, 1, "c10d::all_reduce [enter]"))
+        line = harness.line_of(TRAIN, "dist.all_reduce(p.grad)")
+        self.assertEqual(first["site"]["reference"]["line"], line)
+        self.assertEqual(first["site"]["suspect"]["line"], line + shift)
+        self.assertEqual(first["site"]["suspect"]["file"], script)
+        self.assertEqual(report["diverging_ranks"], [1])
+
     def test_desynchronized_collective(self):
         env = {"OPGUARD_FLUSH_TIMEOUT_MS": 20000}
         with self.assertRaises(AssertionError):  # the job times out, as a real desync would

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <unordered_map>
 #include <vector>
@@ -114,8 +115,22 @@ struct OpEvent {
 // The compact event of a full record. The daemon calls this (or fills OpEvent
 // itself with the helpers below) while scanning; both runs must use the same
 // function, which they do because the aligner computes both.
-OpEvent MakeOpEvent(const OpDetail& d);
-uint64_t StructuralKey(const OpDetail& d);
+// `boundary` (non-zero) stands in for d.site in the structural key: the
+// daemon passes the site's BoundaryId so that keys survive line shifts.
+OpEvent MakeOpEvent(const OpDetail& d, uint64_t boundary = 0);
+uint64_t StructuralKey(const OpDetail& d, uint64_t boundary = 0);
+
+// Line-shift-tolerant identity of a call site: the file's base name, the
+// function, the text of the source line (trimmed) and its occurrence (how
+// many earlier lines of the file read the same), not the path and line
+// number. Unchanged lines of two runs whose code differs by inserted or
+// deleted lines, or that ran from different checkouts, get the same id;
+// identical lines stay apart. When the line's text is unknown (the run did
+// not send the file) the line number stands in for it.
+uint64_t BoundaryId(std::string_view file_path, std::string_view function, uint32_t line,
+                    std::string_view line_text, uint32_t occurrence = 0);
+// The trimmed text BoundaryId keys on.
+std::string_view TrimmedLine(std::string_view line_text);
 Fp128 OutputDigest(const std::vector<TensorInfo>& outputs);
 Fp128 InputDigest(const std::vector<InputValue>& inputs);
 
