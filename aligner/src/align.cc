@@ -64,6 +64,7 @@ class LaneAligner {
       i = bi;
       j = bj;
     }
+    PairChangedSites();
   }
 
  private:
@@ -396,6 +397,65 @@ class LaneAligner {
     } else if (out_->notes.size() == kMaxNotes) {
       out_->notes.push_back("(further alignment notes omitted)");
     }
+  }
+
+  // Between consecutive in-order pairs, the ops left on both sides are what
+  // an edit of the code there produced: pair them by loose key, in order
+  // (longest common subsequence over at most rescue_distance ops a side).
+  void PairChangedSites() {
+    const size_t n = r_.size(), m = s_.size();
+    if (out_->pairs.size() == n || out_->pairs.size() == m) return;
+    used_r_.assign(n, 0);
+    used_s_.assign(m, 0);
+    for (const Pair& p : out_->pairs) used_r_[p.ref] = used_s_[p.sus] = 1;
+    std::vector<Pair> added;
+    size_t from_r = 0, from_s = 0;
+    auto gap = [&](size_t to_r, size_t to_s) {
+      left_r_.clear();
+      left_s_.clear();
+      for (size_t k = from_r; k < to_r; ++k)
+        if (!used_r_[k]) left_r_.push_back(k);
+      for (size_t k = from_s; k < to_s; ++k)
+        if (!used_s_[k]) left_s_.push_back(k);
+      const size_t a = left_r_.size(), b = left_s_.size();
+      if (a == 0 || b == 0 || a > o_.rescue_distance || b > o_.rescue_distance) return;
+      // lcs[x][y]: LCS length of left_r_[x..] and left_s_[y..].
+      std::vector<uint16_t> lcs((a + 1) * (b + 1), 0);
+      auto at = [&](size_t x, size_t y) -> uint16_t& { return lcs[x * (b + 1) + y]; };
+      for (size_t x = a; x-- > 0;) {
+        for (size_t y = b; y-- > 0;) {
+          at(x, y) = r_[left_r_[x]].loose_key == s_[left_s_[y]].loose_key
+                         ? static_cast<uint16_t>(at(x + 1, y + 1) + 1)
+                         : std::max(at(x + 1, y), at(x, y + 1));
+        }
+      }
+      for (size_t x = 0, y = 0; x < a && y < b;) {
+        if (r_[left_r_[x]].loose_key == s_[left_s_[y]].loose_key) {
+          added.push_back(Pair{static_cast<uint32_t>(left_r_[x]), static_cast<uint32_t>(left_s_[y]),
+                               Pair::kChangedSite});
+          ++x;
+          ++y;
+        } else if (at(x + 1, y) >= at(x, y + 1)) {
+          ++x;
+        } else {
+          ++y;
+        }
+      }
+    };
+    for (const Pair& p : out_->pairs) {
+      if (p.flags & Pair::kReordered) continue;
+      gap(p.ref, p.sus);
+      from_r = p.ref + 1;
+      from_s = p.sus + 1;
+    }
+    gap(n, m);
+    if (added.empty()) return;
+    out_->changed_site = added.size();
+    Note(std::to_string(added.size()) +
+         " op pair(s) made across edited source lines (same op and shapes, other line text)");
+    out_->pairs.insert(out_->pairs.end(), added.begin(), added.end());
+    std::sort(out_->pairs.begin(), out_->pairs.end(),
+              [](const Pair& x, const Pair& y) { return x.ref < y.ref; });
   }
 
   const std::vector<OpEvent>& r_;

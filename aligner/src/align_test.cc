@@ -15,6 +15,34 @@ std::string Repeat(const std::string& s, int n) {
   return out;
 }
 
+TEST(AlignLane, OpsOfAnEditedLinePairAcrossIt) {
+  // The suspect's line of B and C was edited (other text: other keys); A and
+  // D around it pair by key, B and C by loose key, in order. X only exists in
+  // the suspect and stays unaligned.
+  auto r = Lane("A0 A1 A2 A3 A4 A5 A6 A7 A8 B C D0 D1 D2 D3 D4 D5 D6 D7 D8");
+  auto s = Lane("A0 A1 A2 A3 A4 A5 A6 A7 A8 B@2 X C@2 D0 D1 D2 D3 D4 D5 D6 D7 D8");
+  Alignment a = AlignLane(r.ops, s.ops);
+  ASSERT_EQ(a.pairs.size(), 20u);
+  EXPECT_EQ(a.changed_site, 2u);
+  EXPECT_EQ(a.pairs[9].sus, 9u);  // B - B@2
+  EXPECT_EQ(a.pairs[9].flags, Pair::kChangedSite);
+  EXPECT_EQ(a.pairs[10].sus, 11u);  // C - C@2, past X
+  EXPECT_EQ(a.pairs[11].sus, 12u);  // D0
+  EXPECT_EQ(a.pairs[11].flags, 0u);
+  ASSERT_EQ(a.notes.size(), 1u);
+  EXPECT_NE(a.notes[0].find("edited source lines"), std::string::npos);
+}
+
+TEST(AlignLane, InsertedOpsWithoutACounterpartStayUnaligned) {
+  // Ops only one side has (logging) never pair loosely: the other side has
+  // nothing left between the same two pairs.
+  auto r = Lane("A B C D E F");
+  auto s = Lane("A B N@1 N@2 C D E F");
+  Alignment a = AlignLane(r.ops, s.ops);
+  EXPECT_EQ(a.pairs.size(), 6u);
+  EXPECT_EQ(a.changed_site, 0u);
+}
+
 TEST(AlignLane, IdenticalUsesFastPathOnly) {
   auto r = Lane("A B C D E F G H I J");
   Alignment a = AlignLane(r.ops, r.ops);

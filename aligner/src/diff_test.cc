@@ -325,5 +325,17 @@ TEST(BoundaryId, KeysOnBaseNameFunctionAndLineText) {
   EXPECT_EQ(StructuralKey(d, a), StructuralKey(moved, a));
 }
 
+TEST(DiffRank, EditedLineIsThePivotWhenItsValuesDiffer) {
+  // The suspect's C moved to an edited line and computes something else.
+  RankTrace ref = Rank(0, "A B C D E F G H I J K L");
+  RankTrace sus = Rank(0, "A B C@9#other D#x E#x F#x G#x H#x I#x J#x K#x L#x");
+  Result<RankDiff> d = DiffRank(ref, sus, {});
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->status, DiffStatus::kDiverged);
+  EXPECT_EQ(d->first_divergence->reference.op_index, 2u);
+  EXPECT_EQ(d->first_divergence->suspect.op_index, 2u);
+  EXPECT_EQ(d->unaligned_before_ref, 0u);
+}
+
 }  // namespace
 }  // namespace opguard::aligner

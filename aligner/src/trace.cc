@@ -137,6 +137,8 @@ OpEvent MakeOpEvent(const OpDetail& d, uint64_t boundary) {
   e.name = d.name;
   e.site = d.site;
   e.key = StructuralKey(d, boundary);
+  // An even constant: BoundaryId values are odd, so no site collides with it.
+  e.loose_key = static_cast<uint32_t>(StructuralKey(d, 2));
   e.outputs = OutputDigest(d.outputs);
   e.inputs = InputDigest(d.inputs);
   e.flags = (d.nondeterministic ? OpEvent::kNondeterministic : 0) |

@@ -36,7 +36,8 @@ struct AlignOptions {
 
 // Positions are indices into the two LaneTrace::ops vectors (not op_index).
 struct Pair {
-  static constexpr uint32_t kReordered = 1u << 0;  // paired by the rescue pass
+  static constexpr uint32_t kReordered = 1u << 0;     // paired by the rescue pass
+  static constexpr uint32_t kChangedSite = 1u << 1;   // paired across an edited source line
   uint32_t ref = 0;
   uint32_t sus = 0;
   uint32_t flags = 0;
@@ -45,6 +46,7 @@ struct Pair {
 struct Alignment {
   std::vector<Pair> pairs;   // ascending `ref`; `sus` ascending except reordered pairs
   uint64_t reordered = 0;    // pairs made by the rescue pass
+  uint64_t changed_site = 0; // pairs made across edited source lines
   uint64_t windows = 0;      // mismatch windows resolved
   uint64_t largest_window = 0;  // max(ref ops, suspect ops) of any window
   uint64_t dp_cells = 0;     // DP cells used in total
@@ -52,6 +54,12 @@ struct Alignment {
   std::vector<std::string> notes;  // why, in a line each (at most a few)
 };
 
+// Last, ops left unpaired on both sides between the same two consecutive
+// pairs (at most rescue_distance per side) are paired in order by loose key
+// (same op and shapes on a source line whose text changed between the runs:
+// the code was edited there, so their values are evidence), flagged
+// kChangedSite and noted.
+//
 // Aligns one lane. O(n) when the runs are identical; O(n + E·(D + K)) for E
 // mismatch windows of resync distance D; DP bounded by the options.
 Alignment AlignLane(const std::vector<OpEvent>& ref, const std::vector<OpEvent>& sus,

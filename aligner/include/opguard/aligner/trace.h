@@ -107,6 +107,9 @@ struct OpEvent {
   Fp128 outputs;  // digest of the ordered list of output fingerprints
   Fp128 inputs;   // digest of the ordered input signatures (fingerprints, scalar bits)
   uint32_t flags = 0;
+  // The structural key without the site (name, backward flag, dtypes and
+  // shapes), 32 bits: what ops on an edited source line still share.
+  uint32_t loose_key = 0;
 
   bool nondeterministic() const { return (flags & kNondeterministic) != 0; }
   bool replicated() const { return (flags & kReplicated) != 0; }
