@@ -10,6 +10,7 @@ PACKAGES=(
   libzmq3-dev cppzmq-dev                    # ZeroMQ transport
   libflatbuffers-dev flatbuffers-compiler   # wire format (flatc 2.0.8)
   librocksdb-dev                            # daemon storage (RocksDB 7.8)
+  liblz4-dev libzstd-dev                    # daemon: compression of stored op chunks
   libboost1.74-dev                          # Asio / Beast (HTTP, timers)
   libsystemd-dev                            # sd_notify
   libxxhash-dev                             # string ids; XXH3 benchmark baseline

@@ -5,7 +5,8 @@
 #                       daemon's own capacity
 #   ingest/real_shim    8 opguard-loadgen ranks through the real shim
 # Counters: records/s, bytes on disk per record, daemon peak RSS (MiB),
-# daemon CPU seconds per million records.
+# daemon CPU seconds per million records (and, for real_shim, the loadgen
+# ranks' CPU seconds per million records: they share the daemon's cores).
 # Environment: OPGUARD_BUILD_DIR (default build-release), INGEST_SECONDS (12),
 # LOADGEN_OPS (ops per rank, 300000).
 set -euo pipefail
@@ -27,5 +28,7 @@ for name, text in zip(("ingest/daemon_only", "ingest/real_shim"), sys.argv[1:]):
                  "bytes_per_record": r["bytes_per_record"],
                  "peak_rss_mib": r["peak_rss_bytes"] / 1048576.0,
                  "daemon_cpu_s_per_M": r["daemon_cpu_s"] * 1e6 / records})
+    if "loadgen_cpu_s" in r:
+        rows[-1]["loadgen_cpu_s_per_M"] = r["loadgen_cpu_s"] * 1e6 / records
 print(json.dumps({"benchmarks": rows}, indent=1))
 PY

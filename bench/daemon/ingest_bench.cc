@@ -5,12 +5,18 @@
 //   daemon_ingest [--ranks 8] [--seconds 20] [--ops-per-batch 1024]
 //                       [--window 32] [--opguardd PATH] [--cheap-senders]
 //                       [--daemon-arg ARG]... [--json]
+//   daemon_ingest --loadgen PATH [--loadgen-ops N] [--null-sink] [--json]
 //
 // By default the senders build every batch (like the shim or opguard-loadgen
 // would) on the same cores as the daemon, so the figure is end-to-end for one
 // node. --cheap-senders patches one prebuilt batch per rank instead, which
 // leaves (nearly) both cores to the daemon: its own capacity. --loadgen PATH
-// drives the daemon with opguard-loadgen (the real shim) instead.
+// drives the daemon with opguard-loadgen (the real shim) instead; with
+// --null-sink no daemon runs at all: this process acknowledges every batch as
+// it arrives (no verification, no storage), which measures what the loadgen
+// ranks and their shims cost on their own (their CPU seconds are printed in
+// every --loadgen mode).
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -22,12 +28,17 @@
 #include <thread>
 #include <vector>
 
+#include <sys/resource.h>
 #include <unistd.h>
+
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
 
 #include <nlohmann/json.hpp>
 
 #include "opguard/daemon/client.h"
 #include "opguard/daemon/testing/batch_maker.h"
+#include "opguard/idl/envelope.h"
 
 using namespace opguard::daemon;
 using namespace std::chrono;
@@ -50,13 +61,77 @@ double CpuSeconds(pid_t pid) {
   }
   return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
+
+// CPU seconds of the terminated and waited-for descendants of this process.
+double ChildrenCpuSeconds() {
+  rusage ru{};
+  getrusage(RUSAGE_CHILDREN, &ru);
+  return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+         static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
+
+// A stand-in for the daemon that stores nothing: acknowledges each batch
+// Durable as soon as it arrives, so the senders run as fast as their own CPU
+// allows. The envelope is trusted (our own loadgen), not verified.
+class NullSink {
+ public:
+  explicit NullSink(const std::string& endpoint) : socket_(context_, zmq::socket_type::router) {
+    socket_.set(zmq::sockopt::rcvhwm, 1000);
+    socket_.set(zmq::sockopt::sndhwm, 100000);
+    socket_.set(zmq::sockopt::linger, 0);
+    socket_.bind(endpoint);
+    thread_ = std::thread([this] { Loop(); });
+  }
+  ~NullSink() {
+    stop_ = true;
+    thread_.join();
+  }
+
+ private:
+  void Loop() {
+    std::vector<zmq::message_t> frames;
+    opguard::wire::AlignedStorage aligned;
+    while (!stop_) {
+      zmq::pollitem_t item{static_cast<void*>(socket_), 0, ZMQ_POLLIN, 0};
+      zmq::poll(&item, 1, std::chrono::milliseconds(50));
+      if (!(item.revents & ZMQ_POLLIN)) continue;
+      frames.clear();
+      if (!zmq::recv_multipart(socket_, std::back_inserter(frames), zmq::recv_flags::dontwait))
+        continue;
+      if (frames.size() < 2) continue;
+      const auto& payload = frames.back();
+      aligned.resize(payload.size() / 8 + 1);
+      std::memcpy(aligned.data(), payload.data(), payload.size());
+      const auto* batch = opguard::wire::GetEnvelope(aligned.data())->message_as_Batch();
+      if (batch == nullptr) continue;
+      flatbuffers::FlatBufferBuilder b(256);
+      auto run = b.CreateString(batch->run() ? batch->run()->str() : std::string());
+      opguard::wire::AckBuilder ab(b);
+      ab.add_run(run);
+      ab.add_rank(batch->rank());
+      ab.add_session(batch->session());
+      ab.add_seq(batch->seq());
+      ab.add_code(opguard::wire::AckCode::Durable);
+      opguard::wire::FinishEnvelope(b, ab.Finish());
+      (void)socket_.send(frames[0], zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+      (void)socket_.send(zmq::const_buffer(b.GetBufferPointer(), b.GetSize()),
+                         zmq::send_flags::dontwait);
+    }
+  }
+
+  zmq::context_t context_{1};
+  zmq::socket_t socket_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int ranks = 8, seconds = 20, window = 32;
   uint32_t ops_per_batch = 1024;
   std::string binary = OPGUARDD_PATH;
-  bool json = false, cheap = false;
+  bool json = false, cheap = false, null_sink = false;
   std::vector<std::string> daemon_args;
   std::string loadgen;
   uint64_t loadgen_ops = 200000;
@@ -73,13 +148,59 @@ int main(int argc, char** argv) {
     else if (a == "--daemon-arg") daemon_args.push_back(next());
     else if (a == "--loadgen") loadgen = next();
     else if (a == "--loadgen-ops") loadgen_ops = std::stoull(next());
+    else if (a == "--null-sink") null_sink = true;
     else {
       std::fprintf(stderr, "usage: daemon_ingest [--ranks N] [--seconds S] [--ops-per-batch N] "
-                           "[--window N] [--opguardd PATH] [--cheap-senders] [--daemon-arg ARG]... [--loadgen PATH [--loadgen-ops N]] [--json]\n");
+                           "[--window N] [--opguardd PATH] [--cheap-senders] [--daemon-arg ARG]... "
+                           "[--loadgen PATH [--loadgen-ops N] [--null-sink]] [--json]\n");
       return 2;
     }
   }
   testing::TempDir dir;
+  if (null_sink) {
+    if (loadgen.empty()) {
+      std::fprintf(stderr, "daemon_ingest: --null-sink needs --loadgen\n");
+      return 2;
+    }
+    const std::string endpoint = "ipc://" + dir.path() + "/null.sock";
+    testing::CommandResult out;
+    const double cpu_before = ChildrenCpuSeconds();
+    {
+      NullSink sink(endpoint);
+      out = testing::RunCommand(loadgen + " --run bench --ranks " + std::to_string(ranks) +
+                                    " --ops " + std::to_string(loadgen_ops) +
+                                    " --collective-every 500 --endpoint " + endpoint +
+                                    " --json 2>/dev/null",
+                                600);
+    }
+    const double loadgen_cpu = ChildrenCpuSeconds() - cpu_before;
+    auto brace = out.output.find('{');
+    auto doc = brace == std::string::npos
+                   ? nlohmann::json()
+                   : nlohmann::json::parse(out.output.substr(brace), nullptr, false);
+    if (out.exit_code != 0 || doc.is_discarded() || !doc.contains("records_acked")) {
+      std::fprintf(stderr, "daemon_ingest: opguard-loadgen failed (%d): %s\n", out.exit_code,
+                   out.output.c_str());
+      return 1;
+    }
+    const double records = doc["records_acked"].get<double>(), secs = doc["seconds"].get<double>();
+    if (json) {
+      std::printf(
+          "{\"null_sink\": true, \"loadgen\": true, \"ranks\": %d, \"seconds\": %.2f, \"records\": "
+          "%.0f, "
+          "\"records_per_s\": %.0f, \"loadgen_cpu_s\": %.2f}\n",
+          ranks, secs, records, secs > 0 ? records / secs : 0, loadgen_cpu);
+    } else {
+      std::printf(
+          "opguard-loadgen into a null sink (%d ranks x %llu ops, every batch acked on arrival)\n",
+          ranks, static_cast<unsigned long long>(loadgen_ops));
+      std::printf("  records acked      %.0f in %.2f s\n", records, secs);
+      std::printf("  records/s          %.0f\n", secs > 0 ? records / secs : 0);
+      std::printf("  loadgen CPU        %.2f s (%.2f s per million records)\n", loadgen_cpu,
+                  records > 0 ? loadgen_cpu * 1e6 / records : 0);
+    }
+    return 0;
+  }
   testing::DaemonProcess daemon(binary, dir.path(), daemon_args);
   auto st = daemon.Start();
   if (!st.ok()) {
@@ -88,11 +209,12 @@ int main(int argc, char** argv) {
   }
   if (!loadgen.empty()) {
     // The real shim path: opguard-loadgen's forked ranks through libopguard_shim.
-    std::string metrics_before;
+    const double loadgen_cpu_before = ChildrenCpuSeconds();
     auto out = testing::RunCommand(loadgen + " --run bench --ranks " + std::to_string(ranks) + " --ops " +
                                        std::to_string(loadgen_ops) + " --collective-every 500 --endpoint " +
                                        daemon.ingest() + " --json 2>/dev/null",
                                    600);
+    const double loadgen_cpu = ChildrenCpuSeconds() - loadgen_cpu_before;
     const uint64_t peak_rss = daemon.PeakRssBytes();
     const double cpu = CpuSeconds(daemon.pid());
     auto metrics = testing::HttpGet(daemon.http(), "/metrics");
@@ -123,9 +245,10 @@ int main(int argc, char** argv) {
     if (json) {
       std::printf("{\"cheap_senders\": false, \"loadgen\": true, \"ranks\": %d, \"seconds\": %.2f, "
                   "\"records\": %.0f, \"records_per_s\": %.0f, \"bytes_per_record\": %.1f, "
-                  "\"peak_rss_bytes\": %llu, \"daemon_cpu_s\": %.2f, \"daemon_exit\": %d}\n",
+                  "\"peak_rss_bytes\": %llu, \"daemon_cpu_s\": %.2f, \"loadgen_cpu_s\": %.2f, \"daemon_exit\": %d}\n",
                   ranks, seconds, records, seconds > 0 ? records / seconds : 0,
-                  records > 0 ? disk / records : 0, static_cast<unsigned long long>(peak_rss), cpu, code);
+                  records > 0 ? disk / records : 0, static_cast<unsigned long long>(peak_rss), cpu,
+                  loadgen_cpu, code);
       return code == 0 ? 0 : 1;
     }
     std::printf("daemon ingest via opguard-loadgen (%d ranks x %llu ops, durable acks)\n", ranks,
@@ -137,6 +260,8 @@ int main(int argc, char** argv) {
     std::printf("  daemon peak RSS    %.1f MiB   (target < 1024)\n", peak_rss / 1048576.0);
     std::printf("  daemon CPU         %.2f s (%.2f s per million records)\n", cpu,
                 records > 0 ? cpu * 1e6 / records : 0);
+    std::printf("  loadgen CPU        %.2f s (%.2f s per million records)\n", loadgen_cpu,
+                records > 0 ? loadgen_cpu * 1e6 / records : 0);
     return code == 0 ? 0 : 1;
   }
   std::vector<std::unique_ptr<testing::RankSender>> senders;

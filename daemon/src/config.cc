@@ -87,8 +87,9 @@ storage:
   --storage.memtable-budget-bytes N  all memtables together (default 512MiB)
   --storage.block-cache-bytes N      read cache (default 128MiB)
   --storage.background-jobs N        flush/compaction threads (default 2)
-  --storage.compression NAME         lz4 | zstd | snappy | none (default lz4)
-  --storage.bottommost-compression NAME  where data settles (default zstd)
+  --storage.compression NAME         lz4 | zstd | snappy | none (default lz4): op
+                                     chunks (compressed at ingest) and upper levels
+  --storage.bottommost-compression NAME  where the other data settles (default zstd)
   --storage.compaction STYLE         level | universal (default level)
 
 retention (0 = no limit):

@@ -87,10 +87,26 @@ struct Ingest::Group {
   uint64_t gap_notices = 0, gap_records = 0, bytes = 0;
 
   bool Empty() const { return acks.empty() && deletes.empty() && batch.Count() == 0; }
+  // Ready for reuse, keeping the capacity of the WriteBatch and the vectors
+  // (a fresh group would page-fault its way up to the same size again).
+  void Reset() {
+    batch.Clear();
+    acks.clear();
+    duplicates = 0;
+    publish.clear();
+    deletes.clear();
+    result = Status::Ok();
+    ops = collectives = strings = sites = sources = steps = 0;
+    gap_notices = gap_records = bytes = 0;
+  }
 };
 
 Ingest::Ingest(const Config& config, Store* store, Metrics* metrics, zmq::context_t* context)
-    : config_(config), store_(store), metrics_(metrics), context_(context) {}
+    : config_(config),
+      store_(store),
+      metrics_(metrics),
+      context_(context),
+      chunk_codec_(ChunkCodecByName(config.compression)) {}
 
 Ingest::~Ingest() {
   Stop();
@@ -256,7 +272,7 @@ void Ingest::HandleMessage(std::vector<zmq::message_t>& frames) {
     return Reject(ack, RejectReason::kInvalidBatch,
                   "invalid run name (1..200 printable bytes without '/', '?', '#', '%', '\\' or spaces)");
   }
-  ApplyBatch(batch, size, ack);
+  ApplyBatch(static_cast<const uint8_t*>(data), batch, size, ack);
 }
 
 void Ingest::Reject(PendingAck& ack, RejectReason reason, const std::string& error) {
@@ -293,7 +309,8 @@ void Ingest::SendAck(PendingAck& ack, bool durable, const std::string& error) {
   }
 }
 
-void Ingest::ApplyBatch(const void* batch_ptr, size_t bytes, PendingAck& ack) {
+void Ingest::ApplyBatch(const uint8_t* buffer, const void* batch_ptr, size_t bytes,
+                        PendingAck& ack) {
   const auto* batch = static_cast<const wire::Batch*>(batch_ptr);
   Group& g = *open_;
   const uint64_t now = WallNs();
@@ -399,7 +416,7 @@ void Ingest::ApplyBatch(const void* batch_ptr, size_t bytes, PendingAck& ack) {
     auto put_chunk = [&](uint32_t lane, OpChunkWriter& w) {
       if (w.empty()) return;
       EncodeOpKey(key, run_id, r, lane, w.last_op());
-      const std::string_view value = w.Finish();
+      const std::string_view value = w.Finish(chunk_codec_);
       g.batch.Put(cf, rocksdb::Slice(key, sizeof key), rocksdb::Slice(value.data(), value.size()));
       w.Clear();
     };
@@ -417,9 +434,13 @@ void Ingest::ApplyBatch(const void* batch_ptr, size_t bytes, PendingAck& ack) {
       }
       OpChunkWriter& w = chunks_[i];
       if (!w.Accepts(op->op_index())) put_chunk(lane, w);
-      fbb.Clear();
-      fbb.Finish(CopyOpRecord(fbb, op));
-      w.Add(op->op_index(), fbb.GetBufferPointer(), fbb.GetSize());
+      // The record's own bytes when they form one compact span (any batch
+      // the shim encodes), else a rebuilt copy.
+      if (!AddOpRecordBytes(&w, buffer, bytes, op)) {
+        fbb.Clear();
+        fbb.Finish(CopyOpRecord(fbb, op));
+        w.Add(op->op_index(), fbb.GetBufferPointer(), fbb.GetSize());
+      }
     }
     for (size_t i = 0; i < open_lanes; ++i) put_chunk(chunk_lanes_[i], chunks_[i]);
     rank.ops += v->size();
@@ -539,7 +560,11 @@ void Ingest::SealAndHandOff() {
   }
   handoff_cv_.notify_one();
   committer_busy_ = true;
-  open_ = std::make_unique<Group>();
+  if (spare_) {
+    open_ = std::move(spare_);
+  } else {
+    open_ = std::make_unique<Group>();
+  }
 }
 
 void Ingest::DrainCommitted() {
@@ -590,6 +615,8 @@ void Ingest::DrainCommitted() {
       if (on_run_deleted_) on_run_deleted_(d.run_id);
       d.done->set_value(Status::Ok());
     }
+    group->Reset();
+    spare_ = std::move(group);
   }
 }
 

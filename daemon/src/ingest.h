@@ -90,7 +90,8 @@ class Ingest {
   void HandleMessage(std::vector<zmq::message_t>& frames);
   void Reject(PendingAck& ack, RejectReason reason, const std::string& error);
   void SendAck(PendingAck& ack, bool durable, const std::string& error);
-  void ApplyBatch(const void* batch_ptr, size_t bytes, PendingAck& ack);
+  // `buffer`: the verified message that holds the batch.
+  void ApplyBatch(const uint8_t* buffer, const void* batch_ptr, size_t bytes, PendingAck& ack);
   void HandleDeleteRequests();
   void SealAndHandOff();
   void DrainCommitted();
@@ -111,10 +112,12 @@ class Ingest {
   std::map<uint64_t, std::set<uint32_t>> dirty_ranks_;
   std::set<uint64_t> dirty_meta_;
   std::unique_ptr<Group> open_;
+  std::unique_ptr<Group> spare_;  // a committed group, kept for reuse
   bool committer_busy_ = false;
   std::vector<uint8_t> scratch_;
   std::vector<OpChunkWriter> chunks_;   // ApplyBatch scratch: one open chunk per lane
   std::vector<uint32_t> chunk_lanes_;
+  const ChunkCodec chunk_codec_;  // storage.compression, applied to each ops chunk
 
   // Receiver <-> committer handoff.
   std::mutex handoff_mu_;

@@ -1,5 +1,8 @@
 #include "record_copy.h"
 
+#include <lz4.h>
+#include <zstd.h>
+
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -155,8 +158,17 @@ Offset<wire::GapNotice> CopyGapNotice(FlatBufferBuilder& b, const wire::GapNotic
 namespace {
 
 constexpr char kChunkMagic[4] = {'O', 'G', 'C', '1'};
-constexpr size_t kChunkHeader = 8;  // magic | count
-constexpr size_t kChunkEntry = 16;  // op_index | offset | size
+constexpr char kPackedMagic[4] = {'O', 'G', 'Z', '1'};
+constexpr size_t kChunkHeader = 8;    // magic | count
+constexpr size_t kChunkEntry = 16;    // op_index | offset | size
+constexpr size_t kPackedHeader = 12;  // magic | codec | raw size
+// Larger than any chunk ingest writes (at most kOpChunkMaxBytes plus one
+// record of at most ingest.max_message_bytes): a bound on what a damaged
+// header can make a reader allocate.
+constexpr uint32_t kMaxRawChunk = 1u << 30;
+// ZSTD level for ChunkCodec::kZstd: the fastest regular level (ingest runs it
+// on every chunk, on the daemon's one ingest thread).
+constexpr int kZstdLevel = 1;
 
 void PutLe32(char* p, uint32_t v) {
   for (int i = 0; i < 4; ++i) p[i] = static_cast<char>(v >> (8 * i));
@@ -172,11 +184,33 @@ uint64_t GetLe64(const char* p) { return uint64_t{GetLe32(p)} | (uint64_t{GetLe3
 
 size_t Align8(size_t n) { return (n + 7) & ~size_t{7}; }
 
-}  // namespace
-
-bool IsOpChunk(std::string_view value) {
+bool IsPlainChunk(std::string_view value) {
   return value.size() >= kChunkHeader && std::memcmp(value.data(), kChunkMagic, 4) == 0;
 }
+bool IsPackedChunk(std::string_view value) {
+  return value.size() >= kPackedHeader && std::memcmp(value.data(), kPackedMagic, 4) == 0;
+}
+
+}  // namespace
+
+bool IsOpChunk(std::string_view value) { return IsPlainChunk(value) || IsPackedChunk(value); }
+
+ChunkCodec ChunkCodecByName(const std::string& name) {
+  if (name == "lz4" || name == "snappy") return ChunkCodec::kLz4;
+  if (name == "zstd") return ChunkCodec::kZstd;
+  return ChunkCodec::kNone;
+}
+
+struct OpChunkWriter::Codecs {
+  std::vector<uint64_t> lz4_state;  // LZ4_sizeofState() bytes, 8-aligned
+  ZSTD_CCtx* zstd = nullptr;
+  ~Codecs() { ZSTD_freeCCtx(zstd); }
+};
+
+OpChunkWriter::OpChunkWriter() = default;
+OpChunkWriter::~OpChunkWriter() = default;
+OpChunkWriter::OpChunkWriter(OpChunkWriter&&) noexcept = default;
+OpChunkWriter& OpChunkWriter::operator=(OpChunkWriter&&) noexcept = default;
 
 void OpChunkWriter::Clear() {
   entries_.clear();
@@ -184,13 +218,18 @@ void OpChunkWriter::Clear() {
 }
 
 void OpChunkWriter::Add(uint64_t op_index, const uint8_t* data, size_t size) {
-  entries_.push_back(
-      {op_index, static_cast<uint32_t>(records_.size()), static_cast<uint32_t>(size)});
-  records_.append(reinterpret_cast<const char*>(data), size);
-  records_.resize(Align8(records_.size()), '\0');
+  uint8_t* p = Reserve(op_index, size);
+  if (size != 0) std::memcpy(p, data, size);
 }
 
-std::string_view OpChunkWriter::Finish() {
+uint8_t* OpChunkWriter::Reserve(uint64_t op_index, size_t size) {
+  const size_t at = records_.size();
+  entries_.push_back({op_index, static_cast<uint32_t>(at), static_cast<uint32_t>(size)});
+  records_.resize(Align8(at + size), '\0');
+  return reinterpret_cast<uint8_t*>(records_.data() + at);
+}
+
+std::string_view OpChunkWriter::Finish(ChunkCodec codec) {
   const size_t head = Align8(kChunkHeader + kChunkEntry * entries_.size());
   out_.resize(head + records_.size());
   char* p = out_.data();
@@ -205,19 +244,88 @@ std::string_view OpChunkWriter::Finish() {
   }
   std::memset(e, 0, static_cast<size_t>(p + head - e));
   std::memcpy(p + head, records_.data(), records_.size());
-  return out_;
+  if (codec == ChunkCodec::kNone || out_.size() > kMaxRawChunk) return out_;
+
+  if (!codecs_) codecs_ = std::make_unique<Codecs>();
+  size_t bound = 0;
+  if (codec == ChunkCodec::kLz4) {
+    bound = static_cast<size_t>(LZ4_compressBound(static_cast<int>(out_.size())));
+  } else {
+    bound = ZSTD_compressBound(out_.size());
+  }
+  packed_.resize(kPackedHeader + bound);
+  char* q = packed_.data();
+  std::memcpy(q, kPackedMagic, 4);
+  PutLe32(q + 4, static_cast<uint32_t>(codec));
+  PutLe32(q + 8, static_cast<uint32_t>(out_.size()));
+  size_t packed = 0;
+  if (codec == ChunkCodec::kLz4) {
+    if (codecs_->lz4_state.empty()) {
+      codecs_->lz4_state.resize((static_cast<size_t>(LZ4_sizeofState()) + 7) / 8);
+    }
+    const int n =
+        LZ4_compress_fast_extState(codecs_->lz4_state.data(), out_.data(), q + kPackedHeader,
+                                   static_cast<int>(out_.size()), static_cast<int>(bound), 1);
+    packed = n > 0 ? static_cast<size_t>(n) : 0;
+  } else {
+    if (codecs_->zstd == nullptr) codecs_->zstd = ZSTD_createCCtx();
+    const size_t n = codecs_->zstd == nullptr
+                         ? 0
+                         : ZSTD_compressCCtx(codecs_->zstd, q + kPackedHeader, bound, out_.data(),
+                                             out_.size(), kZstdLevel);
+    packed = ZSTD_isError(n) ? 0 : n;
+  }
+  if (packed == 0) return out_;  // cannot happen with a bound-sized buffer; store it plain
+  packed_.resize(kPackedHeader + packed);
+  return packed_;
 }
+
+namespace {
+
+// Decompresses a packed chunk into `storage` (8-aligned); false if damaged.
+bool Unpack(std::string_view value, std::vector<uint64_t>* storage, size_t* raw_size) {
+  const uint32_t codec = GetLe32(value.data() + 4);
+  const uint32_t raw = GetLe32(value.data() + 8);
+  if (raw < kChunkHeader || raw > kMaxRawChunk) return false;
+  storage->resize((raw + 7) / 8);
+  char* dst = reinterpret_cast<char*>(storage->data());
+  const char* src = value.data() + kPackedHeader;
+  const size_t src_size = value.size() - kPackedHeader;
+  if (codec == static_cast<uint32_t>(ChunkCodec::kLz4)) {
+    if (src_size > static_cast<size_t>(INT32_MAX)) return false;
+    const int n = LZ4_decompress_safe(src, dst, static_cast<int>(src_size), static_cast<int>(raw));
+    if (n < 0 || static_cast<uint32_t>(n) != raw) return false;
+  } else if (codec == static_cast<uint32_t>(ChunkCodec::kZstd)) {
+    thread_local std::unique_ptr<ZSTD_DCtx, size_t (*)(ZSTD_DCtx*)> dctx(ZSTD_createDCtx(),
+                                                                         ZSTD_freeDCtx);
+    if (!dctx) return false;
+    const size_t n = ZSTD_decompressDCtx(dctx.get(), dst, raw, src, src_size);
+    if (ZSTD_isError(n) || n != raw) return false;
+  } else {
+    return false;
+  }
+  *raw_size = raw;
+  return true;
+}
+
+}  // namespace
 
 bool OpChunkView::Open(uint64_t key_op, std::string_view value, bool copy) {
   ops_.clear();
   records_.clear();
   const char* data = value.data();
-  if (copy || reinterpret_cast<uintptr_t>(data) % 8 != 0) {
+  if (IsPackedChunk(value)) {
+    size_t raw = 0;
+    if (!Unpack(value, &storage_, &raw)) return false;
+    data = reinterpret_cast<const char*>(storage_.data());
+    value = std::string_view(data, raw);
+    if (!IsPlainChunk(value)) return false;
+  } else if (copy || reinterpret_cast<uintptr_t>(data) % 8 != 0) {
     storage_.resize((value.size() + 7) / 8);
     if (!value.empty()) std::memcpy(storage_.data(), value.data(), value.size());
     data = reinterpret_cast<const char*>(storage_.data());
   }
-  if (!IsOpChunk(value)) {
+  if (!IsPlainChunk(value)) {
     ops_.push_back(key_op);
     records_.emplace_back(data, value.size());
     return true;
@@ -241,6 +349,180 @@ bool OpChunkView::Open(uint64_t key_op, std::string_view value, bool copy) {
 
 size_t OpChunkView::LowerBound(uint64_t op) const {
   return static_cast<size_t>(std::lower_bound(ops_.begin(), ops_.end(), op) - ops_.begin());
+}
+
+// ---- copying a record's bytes -------------------------------------------------
+
+namespace {
+
+// Byte size of each field of the tables a record is made of, in vtable
+// order (field k has vtable offset 4 + 2k). Offsets (tables, vectors) are 4.
+// Field types never change (common.fbs rules); a field appended to one of
+// these tables is not listed, so records that set it are rebuilt instead.
+constexpr uint8_t kTensorStatsFields[] = {8, 8, 8, 8, 8, 8};
+constexpr uint8_t kTensorSigFields[] = {16, 1, 4, 4, 2};
+constexpr uint8_t kValueFields[] = {1, 4, 8, 1, 4};
+constexpr uint8_t kOpRecordFields[] = {4, 8, 8, 8, 8, 8, 1, 4, 4, 4, 8, 8, 1, 1};
+static_assert(wire::TensorStats::VT_L2 == 4 + 2 * (sizeof(kTensorStatsFields) - 1));
+static_assert(wire::TensorSig::VT_DEVICE == 4 + 2 * (sizeof(kTensorSigFields) - 1));
+static_assert(wire::Value::VT_TENSORS == 4 + 2 * (sizeof(kValueFields) - 1));
+static_assert(wire::OpRecord::VT_REPLICATED == 4 + 2 * (sizeof(kOpRecordFields) - 1));
+
+// The parts of one record inside a verified buffer: every table (its vtable
+// offset and each field it sets, not the padding around them), vtable and
+// vector reachable from the OpRecord.
+class RecordParts {
+ public:
+  static constexpr size_t kMaxTables = 64;
+
+  explicit RecordParts(const uint8_t* end) : end_(end) {}
+
+  // False when the table sets a field not in `fields`, or the record has too
+  // many tables.
+  template <size_t N>
+  bool Table(const void* table, const uint8_t (&fields)[N]) {
+    const auto* t = static_cast<const uint8_t*>(table);
+    const uint8_t* vt = t - flatbuffers::ReadScalar<flatbuffers::soffset_t>(t);
+    const auto vt_size = flatbuffers::ReadScalar<flatbuffers::voffset_t>(vt);
+    if (vt_size < 4 || tables_n_ == kMaxTables) return false;
+    tables_[tables_n_] = t;
+    vtables_[tables_n_] = vt;
+    ++tables_n_;
+    Data(t, sizeof(flatbuffers::soffset_t));
+    for (size_t o = 4; o + 2 <= vt_size; o += 2) {
+      const auto at = flatbuffers::ReadScalar<flatbuffers::voffset_t>(vt + o);
+      if (at == 0) continue;
+      const size_t k = (o - 4) / 2;
+      if (k >= N) return false;
+      Data(t + at, fields[k]);
+    }
+    return ok_;
+  }
+  template <typename T>
+  void Vector(const flatbuffers::Vector<T>* v, size_t element_size) {
+    Data(reinterpret_cast<const uint8_t*>(v),
+         sizeof(flatbuffers::uoffset_t) + v->size() * element_size);
+  }
+
+  bool ok() const { return ok_; }
+  size_t tables() const { return tables_n_; }
+  const uint8_t* table(size_t i) const { return tables_[i]; }
+  const uint8_t* vtable(size_t i) const { return vtables_[i]; }
+  const uint8_t* lo() const { return lo_; }
+  const uint8_t* hi() const { return hi_; }
+  size_t data_bytes() const { return bytes_; }
+
+ private:
+  void Data(const uint8_t* p, size_t n) {
+    // The Verifier checked every part this walk visits, but not that a
+    // field lies inside its table's inline size: stay inside the buffer.
+    if (p > end_ || n > static_cast<size_t>(end_ - p)) ok_ = false;
+    lo_ = std::min(lo_, p);
+    hi_ = std::max(hi_, p + n);
+    bytes_ += n;
+  }
+
+  const uint8_t* end_;
+  bool ok_ = true;
+  const uint8_t* tables_[kMaxTables];
+  const uint8_t* vtables_[kMaxTables];
+  size_t tables_n_ = 0;
+  const uint8_t* lo_ = reinterpret_cast<const uint8_t*>(UINTPTR_MAX);
+  const uint8_t* hi_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+bool WalkSig(RecordParts& p, const wire::TensorSig* t) {
+  if (!p.Table(t, kTensorSigFields)) return false;
+  if (const auto* shape = t->shape()) p.Vector(shape, sizeof(int64_t));
+  if (const auto* stats = t->stats()) return p.Table(stats, kTensorStatsFields);
+  return true;
+}
+
+bool WalkSigs(RecordParts& p, const flatbuffers::Vector<flatbuffers::Offset<wire::TensorSig>>* v) {
+  if (v == nullptr) return true;
+  p.Vector(v, sizeof(flatbuffers::uoffset_t));
+  for (uint32_t i = 0; i < v->size(); ++i) {
+    if (!WalkSig(p, v->Get(i))) return false;
+  }
+  return true;
+}
+
+bool WalkOp(RecordParts& p, const wire::OpRecord* op) {
+  if (!p.Table(op, kOpRecordFields)) return false;
+  if (const auto* in = op->inputs()) {
+    p.Vector(in, sizeof(flatbuffers::uoffset_t));
+    for (uint32_t i = 0; i < in->size(); ++i) {
+      const wire::Value* v = in->Get(i);
+      if (!p.Table(v, kValueFields)) return false;
+      if (const auto* t = v->tensor(); t != nullptr && !WalkSig(p, t)) return false;
+      if (!WalkSigs(p, v->tensors())) return false;
+    }
+  }
+  if (!WalkSigs(p, op->outputs())) return false;
+  if (const auto* k = op->kernels()) p.Vector(k, sizeof(uint64_t));
+  return p.ok();
+}
+
+}  // namespace
+
+bool AddOpRecordBytes(OpChunkWriter* w, const uint8_t* buffer, size_t size,
+                      const wire::OpRecord* op) {
+  RecordParts parts(buffer + size);
+  if (!WalkOp(parts, op)) return false;
+  const uint8_t* lo = parts.lo();
+  const size_t span = static_cast<size_t>(parts.hi() - lo);
+  // Compact: the span holds little besides the record (its own vtables,
+  // padding). Records a builder interleaved with others are rebuilt instead.
+  if (span > 2 * parts.data_bytes() + 64) return false;
+
+  // Vtables outside the span (shared with earlier records) go in front of it,
+  // each once.
+  auto inside = [&](const uint8_t* vt) {
+    return vt >= lo && vt + flatbuffers::ReadScalar<flatbuffers::voffset_t>(vt) <= lo + span;
+  };
+  const uint8_t* moved[RecordParts::kMaxTables];
+  size_t moved_at[RecordParts::kMaxTables];
+  size_t moved_n = 0;
+  size_t pos = sizeof(flatbuffers::uoffset_t);  // after the root offset
+  for (size_t i = 0; i < parts.tables(); ++i) {
+    const uint8_t* vt = parts.vtable(i);
+    if (inside(vt)) continue;
+    size_t j = 0;
+    while (j < moved_n && moved[j] != vt) ++j;
+    if (j < moved_n) continue;
+    moved[moved_n] = vt;
+    moved_at[moved_n] = pos;
+    ++moved_n;
+    pos += flatbuffers::ReadScalar<flatbuffers::voffset_t>(vt);
+  }
+  // The span keeps its 8-byte phase relative to the buffer start, so every
+  // scalar stays aligned as the Verifier requires.
+  const size_t phase = static_cast<size_t>(lo - buffer) % 8;
+  const size_t start = pos + ((phase + 8 - pos % 8) % 8);
+  const size_t total = start + span;
+  if (total > UINT32_MAX) return false;
+
+  uint8_t* out = w->Reserve(op->op_index(), total);
+  for (size_t j = 0; j < moved_n; ++j) {
+    std::memcpy(out + moved_at[j], moved[j],
+                flatbuffers::ReadScalar<flatbuffers::voffset_t>(moved[j]));
+  }
+  std::memset(out + pos, 0, start - pos);
+  std::memcpy(out + start, lo, span);
+  for (size_t i = 0; i < parts.tables(); ++i) {
+    const uint8_t* vt = parts.vtable(i);
+    if (inside(vt)) continue;  // copied along with the span
+    size_t j = 0;
+    while (moved[j] != vt) ++j;
+    const size_t table_at = start + static_cast<size_t>(parts.table(i) - lo);
+    flatbuffers::WriteScalar<flatbuffers::soffset_t>(
+        out + table_at, static_cast<flatbuffers::soffset_t>(table_at - moved_at[j]));
+  }
+  flatbuffers::WriteScalar<flatbuffers::uoffset_t>(
+      out, static_cast<flatbuffers::uoffset_t>(
+               start + static_cast<size_t>(reinterpret_cast<const uint8_t*>(op) - lo)));
+  return true;
 }
 
 }  // namespace opguard::daemon

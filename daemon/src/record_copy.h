@@ -9,6 +9,7 @@
 #include <flatbuffers/flatbuffers.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -37,14 +38,28 @@ flatbuffers::Offset<wire::GapNotice> CopyGapNotice(flatbuffers::FlatBufferBuilde
 //   "OGC1" | count u32 | count x { op_index u64 | offset u32 | size u32 }
 //   | records, each an OpRecord FlatBuffers root starting 8-aligned
 //
-// (integers little-endian; offsets from the start of the value). A value that
-// does not start with the magic is a single record (the layout before chunks:
-// one OpRecord root per key, the key's op_index); readers accept both.
+// (integers little-endian; offsets from the start of the value). Ingest stores
+// it compressed, wrapped as
+//
+//   "OGZ1" | codec u32 (1 = LZ4, 2 = ZSTD) | raw size u32 | compressed chunk
+//
+// so the WAL, the memtable and the blob file all carry the compressed bytes
+// and the chunk is compressed exactly once. A value that starts with neither
+// magic is a single record (one OpRecord root per key, the key's op_index);
+// readers accept all three.
 inline constexpr size_t kOpChunkMaxRecords = 128;
 inline constexpr size_t kOpChunkMaxBytes = 64 << 10;
 
+enum class ChunkCodec : uint32_t { kNone = 0, kLz4 = 1, kZstd = 2 };
+// "lz4" (also for "snappy"), "zstd", anything else: none.
+ChunkCodec ChunkCodecByName(const std::string& name);
+
 class OpChunkWriter {
  public:
+  OpChunkWriter();
+  ~OpChunkWriter();
+  OpChunkWriter(OpChunkWriter&&) noexcept;
+  OpChunkWriter& operator=(OpChunkWriter&&) noexcept;
   void Clear();
   bool empty() const { return entries_.empty(); }
   size_t count() const { return entries_.size(); }
@@ -57,8 +72,13 @@ class OpChunkWriter {
             records_.size() < kOpChunkMaxBytes);
   }
   void Add(uint64_t op_index, const uint8_t* data, size_t size);
-  // The encoded value; valid until the next Clear()/Add().
-  std::string_view Finish();
+  // Appends a record that is written in place: returns `size` bytes of
+  // storage (8-aligned within the chunk, zero-filled up to 8-alignment)
+  // valid until the next Add/Reserve/Clear/Finish.
+  uint8_t* Reserve(uint64_t op_index, size_t size);
+  // The encoded value (wrapped and compressed unless `codec` is kNone);
+  // valid until the next Clear()/Add().
+  std::string_view Finish(ChunkCodec codec = ChunkCodec::kNone);
 
  private:
   struct Entry {
@@ -69,16 +89,21 @@ class OpChunkWriter {
   std::vector<Entry> entries_;
   std::string records_;
   std::string out_;
+  std::string packed_;
+  struct Codecs;  // compression state, reused across chunks
+  std::unique_ptr<Codecs> codecs_;
 };
 
-// A decoded ops value (chunk or single record). Open() checks the framing
-// (bounds, alignment, ascending op indices), not the records themselves:
-// readers verify each record they use (wire::OpenStored).
+// A decoded ops value (chunk, compressed chunk or single record). Open()
+// decompresses and checks the framing (bounds, alignment, ascending op
+// indices), not the records themselves: readers verify each record they use
+// (wire::OpenStored).
 class OpChunkView {
  public:
   // `key_op` is the op_index of the key (used for single-record values).
   // Copies `value` into internal storage when it is misaligned or `copy` is
-  // set (otherwise the records alias `value`, which must outlive their use).
+  // set, and always decompresses a compressed chunk into it (otherwise the
+  // records alias `value`, which must outlive their use).
   bool Open(uint64_t key_op, std::string_view value, bool copy = false);
   size_t size() const { return ops_.size(); }
   uint64_t op_index(size_t i) const { return ops_[i]; }
@@ -92,6 +117,24 @@ class OpChunkView {
   std::vector<std::string_view> records_;
 };
 
+// True for a chunk, compressed or not (not for a single-record value).
 bool IsOpChunk(std::string_view value);
+
+// Appends `op` to `w` as its own root by copying its bytes as they are,
+// instead of rebuilding it (CopyOpRecord): the record's tables, vectors and
+// vtables are found by walking the schema, the span holding them is copied
+// at the same 8-byte phase, and vtables shared with other records of the
+// batch (a builder deduplicates them) are copied in front of it. `buffer` is
+// the start of the verified buffer of `size` bytes that holds `op`
+// (alignment is relative to it). Returns false, adding nothing, when the
+// record is not laid out as one compact span (its parts interleaved with
+// other records'), has more parts than a record needs, or sets fields this
+// build does not know (they could be offsets the walk cannot follow); the
+// caller then rebuilds it. Any batch the shim encodes takes this path.
+// CONTRACT: like CopyOpRecord, when a table of OpRecord gains a field, add
+// its size to the field lists in record_copy.cc (until then such records are
+// rebuilt); record_copy_test.cc checks that every field goes through here.
+bool AddOpRecordBytes(OpChunkWriter* w, const uint8_t* buffer, size_t size,
+                      const wire::OpRecord* op);
 
 }  // namespace opguard::daemon

@@ -174,5 +174,261 @@ TEST(OpChunk, WriterLimitsChunkSize) {
   EXPECT_EQ(w.count(), 2u);  // stops once kOpChunkMaxBytes is reached
 }
 
+// ---- AddOpRecordBytes and compressed chunks ------------------------------------
+
+// `bytes` at an 8-aligned address: the verified buffer AddOpRecordBytes is given.
+std::vector<uint64_t> Aligned(const std::string& bytes) {
+  std::vector<uint64_t> out((bytes.size() + 7) / 8);
+  std::memcpy(out.data(), bytes.data(), bytes.size());
+  return out;
+}
+
+void ExpectSameSig(const wire::TensorSig* a, const wire::TensorSig* b) {
+  ASSERT_EQ(a == nullptr, b == nullptr);
+  if (a == nullptr) return;
+  ASSERT_EQ(a->fingerprint() == nullptr, b->fingerprint() == nullptr);
+  if (a->fingerprint()) {
+    EXPECT_EQ(a->fingerprint()->lo(), b->fingerprint()->lo());
+    EXPECT_EQ(a->fingerprint()->hi(), b->fingerprint()->hi());
+  }
+  EXPECT_EQ(a->dtype(), b->dtype());
+  EXPECT_EQ(a->device(), b->device());
+  ASSERT_EQ(a->shape() == nullptr, b->shape() == nullptr);
+  if (a->shape()) {
+    ASSERT_EQ(a->shape()->size(), b->shape()->size());
+    for (uint32_t i = 0; i < a->shape()->size(); ++i)
+      EXPECT_EQ(a->shape()->Get(i), b->shape()->Get(i));
+  }
+  ASSERT_EQ(a->stats() == nullptr, b->stats() == nullptr);
+  if (a->stats()) {
+    EXPECT_EQ(a->stats()->nan_count(), b->stats()->nan_count());
+    EXPECT_EQ(a->stats()->inf_count(), b->stats()->inf_count());
+    EXPECT_EQ(a->stats()->min(), b->stats()->min());
+    EXPECT_EQ(a->stats()->max(), b->stats()->max());
+    EXPECT_EQ(a->stats()->sum(), b->stats()->sum());
+    EXPECT_EQ(a->stats()->l2(), b->stats()->l2());
+  }
+}
+
+void ExpectSameSigs(const flatbuffers::Vector<flatbuffers::Offset<wire::TensorSig>>* a,
+                    const flatbuffers::Vector<flatbuffers::Offset<wire::TensorSig>>* b) {
+  ASSERT_EQ(a == nullptr, b == nullptr);
+  if (a == nullptr) return;
+  ASSERT_EQ(a->size(), b->size());
+  for (uint32_t i = 0; i < a->size(); ++i) ExpectSameSig(a->Get(i), b->Get(i));
+}
+
+// Every field of OpRecord, deeply.
+void ExpectSameOp(const wire::OpRecord* a, const wire::OpRecord* b) {
+  EXPECT_EQ(a->lane(), b->lane());
+  EXPECT_EQ(a->op_index(), b->op_index());
+  EXPECT_EQ(a->step(), b->step());
+  EXPECT_EQ(a->name(), b->name());
+  EXPECT_EQ(a->site(), b->site());
+  EXPECT_EQ(a->seq_nr(), b->seq_nr());
+  EXPECT_EQ(a->backward(), b->backward());
+  EXPECT_EQ(a->start_ns(), b->start_ns());
+  EXPECT_EQ(a->duration_ns(), b->duration_ns());
+  EXPECT_EQ(a->nondeterministic(), b->nondeterministic());
+  EXPECT_EQ(a->replicated(), b->replicated());
+  ASSERT_EQ(a->kernels() == nullptr, b->kernels() == nullptr);
+  if (a->kernels()) {
+    ASSERT_EQ(a->kernels()->size(), b->kernels()->size());
+    for (uint32_t i = 0; i < a->kernels()->size(); ++i)
+      EXPECT_EQ(a->kernels()->Get(i), b->kernels()->Get(i));
+  }
+  ASSERT_EQ(a->inputs() == nullptr, b->inputs() == nullptr);
+  if (a->inputs()) {
+    ASSERT_EQ(a->inputs()->size(), b->inputs()->size());
+    for (uint32_t i = 0; i < a->inputs()->size(); ++i) {
+      const auto* x = a->inputs()->Get(i);
+      const auto* y = b->inputs()->Get(i);
+      EXPECT_EQ(x->kind(), y->kind());
+      EXPECT_EQ(x->scalar_bits(), y->scalar_bits());
+      EXPECT_EQ(x->scalar_dtype(), y->scalar_dtype());
+      ExpectSameSig(x->tensor(), y->tensor());
+      ExpectSameSigs(x->tensors(), y->tensors());
+    }
+  }
+  ExpectSameSigs(a->outputs(), b->outputs());
+}
+
+// A batch of `n` ops built the way a FlatBufferBuilder builds any batch:
+// vtables deduplicated across records (the shim's encoder does the same), so
+// most records refer to vtables stored with an earlier record. Every field
+// set, `replicated` on every other op.
+std::string BatchWithEveryField(uint32_t n) {
+  flatbuffers::FlatBufferBuilder b;
+  std::vector<flatbuffers::Offset<wire::OpRecord>> ops;
+  for (uint32_t i = 0; i < n; ++i) {
+    int64_t shape[3] = {2, 3, 4 + i};
+    wire::Fp128 fp(0x1122334455667788ull + i, 0x99aabbccddeeff00ull ^ i);
+    auto stats = wire::CreateTensorStats(b, 1 + i, 2, -1.5, 2.5 + i, 3.5, 4.5);
+    auto t =
+        wire::CreateTensorSig(b, &fp, wire::DType::Float16, b.CreateVector(shape, 3), stats, 3);
+    auto t2 = wire::CreateTensorSig(b, &fp, wire::DType::Int8, 0, 0, -1);
+    auto list = b.CreateVector(std::vector<flatbuffers::Offset<wire::TensorSig>>{t2, t2});
+    std::vector<flatbuffers::Offset<wire::Value>> inputs = {
+        wire::CreateValue(b, wire::ValueKind::Tensor, t),
+        wire::CreateValue(b, wire::ValueKind::Scalar, 0, 1077936128 + i, wire::DType::Float32),
+        wire::CreateValue(b, wire::ValueKind::TensorList, 0, 0, wire::DType::Unknown, list),
+        wire::CreateValue(b, wire::ValueKind::None)};
+    auto out = wire::CreateTensorSig(b, &fp, wire::DType::BFloat16, b.CreateVector(shape, 2));
+    uint64_t kernels[2] = {5 + i, 6};
+    ops.push_back(wire::CreateOpRecord(
+        b, i % 3, 77 + i, 3, 11, 12, 99 + i, i % 2 == 0, b.CreateVector(inputs),
+        b.CreateVector(std::vector<flatbuffers::Offset<wire::TensorSig>>{out, out}),
+        i % 4 == 3 ? 0 : b.CreateVector(kernels, 2), 1000 + i, 20, i % 5 == 0, i % 2 == 1));
+  }
+  auto run = b.CreateString("r");
+  auto batch = wire::CreateBatch(b, run, 1, 2, 3, 0, 0, 0, 0, b.CreateVector(ops));
+  wire::FinishEnvelope(b, batch);
+  return std::string(reinterpret_cast<const char*>(b.GetBufferPointer()), b.GetSize());
+}
+
+// Copies every op of `bytes` (an envelope) into chunks with AddOpRecordBytes,
+// reads them back through OpChunkView and compares every field.
+void RoundTripBytes(const std::string& bytes, ChunkCodec codec, size_t* copied) {
+  const auto storage = Aligned(bytes);
+  auto env = wire::OpenEnvelope(storage.data(), bytes.size());
+  ASSERT_TRUE(env.ok()) << env.status().message();
+  const auto* buffer = reinterpret_cast<const uint8_t*>(storage.data());
+  const auto* ops = (*env)->message_as_Batch()->ops();
+  OpChunkWriter w;
+  for (const auto* op : *ops) {
+    if (AddOpRecordBytes(&w, buffer, bytes.size(), op)) {
+      ++*copied;
+    } else {
+      flatbuffers::FlatBufferBuilder fbb;
+      fbb.Finish(CopyOpRecord(fbb, op));
+      w.Add(op->op_index(), fbb.GetBufferPointer(), fbb.GetSize());
+    }
+  }
+  const std::string value(w.Finish(codec));
+  EXPECT_TRUE(IsOpChunk(value));
+  OpChunkView view;
+  ASSERT_TRUE(view.Open(ops->Get(ops->size() - 1)->op_index(), value));
+  ASSERT_EQ(view.size(), ops->size());
+  for (uint32_t i = 0; i < ops->size(); ++i) {
+    auto stored = wire::OpenStored<wire::OpRecord>(view.record(i).data(), view.record(i).size());
+    ASSERT_TRUE(stored.ok()) << "record " << i;
+    EXPECT_EQ(view.op_index(i), ops->Get(i)->op_index());
+    ExpectSameOp(ops->Get(i), *stored);
+  }
+}
+
+TEST(RecordBytes, EveryFieldSurvivesWithSharedVtables) {
+  size_t copied = 0;
+  RoundTripBytes(BatchWithEveryField(12), ChunkCodec::kNone, &copied);
+  EXPECT_EQ(copied, 12u);  // all took the byte-copy path
+}
+
+TEST(RecordBytes, SyntheticBatchesAndEveryCodec) {
+  testing::BatchOptions options;
+  options.inputs = 3;
+  for (ChunkCodec codec : {ChunkCodec::kNone, ChunkCodec::kLz4, ChunkCodec::kZstd}) {
+    size_t copied = 0;
+    RoundTripBytes(testing::MakeBatch("r", 1, 2, 3, 100, 50, options), codec, &copied);
+    EXPECT_EQ(copied, 50u);
+  }
+}
+
+TEST(RecordBytes, InterleavedRecordsAreRebuilt) {
+  // Three records whose parts a builder interleaved: each one's span would
+  // hold the others' bytes, so all are refused (and rebuilt by ingest).
+  flatbuffers::FlatBufferBuilder b;
+  std::vector<flatbuffers::Offset<wire::TensorSig>> sigs[3];
+  for (int k = 0; k < 8; ++k) {
+    for (int r = 0; r < 3; ++r) {
+      int64_t shape[4] = {1, 2, 3, 4};
+      wire::Fp128 fp(k, r);
+      sigs[r].push_back(wire::CreateTensorSig(b, &fp, wire::DType::Float32,
+                                              b.CreateVector(shape, 4),
+                                              wire::CreateTensorStats(b, 1, 2, 3, 4, 5, 6)));
+    }
+  }
+  auto o0 = b.CreateVector(sigs[0]);
+  auto o1 = b.CreateVector(sigs[1]);
+  auto o2 = b.CreateVector(sigs[2]);
+  std::vector<flatbuffers::Offset<wire::OpRecord>> ops = {
+      wire::CreateOpRecord(b, 0, 1, 0, 0, 0, -1, false, 0, o0),
+      wire::CreateOpRecord(b, 0, 2, 0, 0, 0, -1, false, 0, o1),
+      wire::CreateOpRecord(b, 0, 3, 0, 0, 0, -1, false, 0, o2)};
+  wire::FinishEnvelope(
+      b, wire::CreateBatch(b, b.CreateString("r"), 0, 0, 0, 0, 0, 0, 0, b.CreateVector(ops)));
+  const std::string bytes(reinterpret_cast<const char*>(b.GetBufferPointer()), b.GetSize());
+  const auto storage = Aligned(bytes);
+  auto env = wire::OpenEnvelope(storage.data(), bytes.size());
+  ASSERT_TRUE(env.ok());
+  OpChunkWriter w;
+  for (const auto* op : *(*env)->message_as_Batch()->ops()) {
+    EXPECT_FALSE(
+        AddOpRecordBytes(&w, reinterpret_cast<const uint8_t*>(storage.data()), bytes.size(), op));
+  }
+  EXPECT_TRUE(w.empty());
+  size_t copied = 0;
+  RoundTripBytes(bytes, ChunkCodec::kLz4, &copied);  // rebuilt, and still every field
+  EXPECT_EQ(copied, 0u);
+}
+
+TEST(RecordBytes, UnknownFieldsAreRebuilt) {
+  // An OpRecord with a field appended after `replicated` (a newer shim): its
+  // value could be an offset the walk does not know, so the record is refused.
+  flatbuffers::FlatBufferBuilder b;
+  auto start = b.StartTable();
+  b.AddElement<uint64_t>(wire::OpRecord::VT_OP_INDEX, 5, 0);
+  b.AddElement<uint32_t>(static_cast<flatbuffers::voffset_t>(wire::OpRecord::VT_REPLICATED + 2), 7,
+                         0);
+  flatbuffers::Offset<wire::OpRecord> op(b.EndTable(start));
+  wire::FinishEnvelope(
+      b, wire::CreateBatch(b, b.CreateString("r"), 0, 0, 0, 0, 0, 0, 0,
+                           b.CreateVector(std::vector<flatbuffers::Offset<wire::OpRecord>>{op})));
+  const std::string bytes(reinterpret_cast<const char*>(b.GetBufferPointer()), b.GetSize());
+  const auto storage = Aligned(bytes);
+  auto env = wire::OpenEnvelope(storage.data(), bytes.size());
+  ASSERT_TRUE(env.ok());
+  OpChunkWriter w;
+  EXPECT_FALSE(AddOpRecordBytes(&w, reinterpret_cast<const uint8_t*>(storage.data()), bytes.size(),
+                                (*env)->message_as_Batch()->ops()->Get(0)));
+}
+
+TEST(OpChunk, CompressedChunksRoundTripAndDamageIsRefused) {
+  for (ChunkCodec codec : {ChunkCodec::kLz4, ChunkCodec::kZstd}) {
+    OpChunkWriter w;
+    std::vector<std::string> records;
+    for (uint64_t i = 0; i < 40; ++i) {
+      records.push_back(std::string(24 + i % 7, static_cast<char>('a' + i % 3)));
+      w.Add(100 + i, reinterpret_cast<const uint8_t*>(records.back().data()),
+            records.back().size());
+    }
+    const std::string plain(w.Finish());
+    const std::string packed(w.Finish(codec));
+    EXPECT_LT(packed.size(), plain.size());
+    EXPECT_EQ(packed.substr(0, 4), "OGZ1");
+    OpChunkView view;
+    ASSERT_TRUE(view.Open(139, packed));
+    ASSERT_EQ(view.size(), 40u);
+    for (size_t i = 0; i < 40; ++i) {
+      EXPECT_EQ(view.op_index(i), 100 + i);
+      EXPECT_EQ(view.record(i), records[i]);
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(view.record(i).data()) % 8, 0u);
+    }
+    EXPECT_FALSE(view.Open(138, packed));                               // wrong key
+    EXPECT_FALSE(view.Open(139, packed.substr(0, packed.size() - 3)));  // truncated
+    std::string bad_size = packed;
+    bad_size[8] = static_cast<char>(bad_size[8] + 1);  // raw size off by one
+    EXPECT_FALSE(view.Open(139, bad_size));
+    std::string bad_codec = packed;
+    bad_codec[4] = 9;
+    EXPECT_FALSE(view.Open(139, bad_codec));
+    std::string huge = packed;
+    huge[11] = 0x7f;  // raw size ~2 GiB
+    EXPECT_FALSE(view.Open(139, huge));
+  }
+  EXPECT_EQ(ChunkCodecByName("lz4"), ChunkCodec::kLz4);
+  EXPECT_EQ(ChunkCodecByName("zstd"), ChunkCodec::kZstd);
+  EXPECT_EQ(ChunkCodecByName("none"), ChunkCodec::kNone);
+}
+
 }  // namespace
 }  // namespace opguard::daemon

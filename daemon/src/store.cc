@@ -111,10 +111,13 @@ Result<std::unique_ptr<Store>> Store::Open(const Config& config) {
           // without it). Ops are never overwritten, only deleted by run:
           // CompactRun drops a deleted run's keys with GC forced, and a blob
           // file is removed once every blob in it is garbage.
+          // Ingest compresses every chunk itself before the write (the WAL
+          // and the memtable then carry compressed bytes too), so blob files
+          // store the values as they are.
           o.enable_blob_files = true;
           o.min_blob_size = 1024;
           o.blob_file_size = 256 << 20;
-          o.blob_compression_type = bottom;
+          o.blob_compression_type = rocksdb::kNoCompression;
           o.enable_blob_garbage_collection = false;
         }
         if (config.compaction == "universal") {

@@ -1,5 +1,7 @@
 #include "encoder.h"
 
+#include <algorithm>
+#include <atomic>
 #include <fstream>
 #include <string_view>
 
@@ -12,10 +14,64 @@ namespace {
 namespace fb = flatbuffers;
 namespace w = opguard::wire;
 
+// Batch buffers: nearly all of one size, each alive until its batch is
+// acknowledged. Buffers that large come straight from mmap in glibc, so every
+// fresh one page-faults its way in (up to a fifth of the sender thread's time
+// in opguard-loadgen at full rate). This keeps up to 8 freed buffers (a few
+// MiB) for the next batches.
+// Process-lifetime (buffers may be freed after the encoder is gone) and
+// fork-safe: the lock is only ever tried, and a held one (say, copied locked
+// into a forked child) just means plain new/delete.
+class RecyclingAllocator final : public fb::Allocator {
+ public:
+  static RecyclingAllocator* Get() {
+    static auto* instance = new RecyclingAllocator();  // never destroyed
+    return instance;
+  }
+
+  uint8_t* allocate(size_t size) override {
+    if (!busy_.test_and_set(std::memory_order_acquire)) {
+      uint8_t* p = nullptr;
+      for (size_t i = 0; i < count_; ++i) {
+        if (free_[i].size == size) {
+          p = free_[i].p;
+          free_[i] = free_[--count_];
+          break;
+        }
+      }
+      busy_.clear(std::memory_order_release);
+      if (p != nullptr) return p;
+    }
+    return new uint8_t[size];
+  }
+
+  void deallocate(uint8_t* p, size_t size) override {
+    if (!busy_.test_and_set(std::memory_order_acquire)) {
+      const bool kept = count_ < kKeep;
+      if (kept) free_[count_++] = {p, size};
+      busy_.clear(std::memory_order_release);
+      if (kept) return;
+    }
+    delete[] p;
+  }
+
+ private:
+  static constexpr size_t kKeep = 8;
+  struct Block {
+    uint8_t* p;
+    size_t size;
+  };
+  std::atomic_flag busy_ = ATOMIC_FLAG_INIT;
+  Block free_[kKeep] = {};
+  size_t count_ = 0;
+};
+
 // One Batch under construction.
 class Builder {
  public:
-  Builder() : fbb_(256 * 1024) {}
+  // `initial_bytes`: a batch's expected size, so that building it does not
+  // reallocate (and copy) the buffer on the way.
+  explicit Builder(size_t initial_bytes) : fbb_(initial_bytes, RecyclingAllocator::Get()) {}
 
   fb::FlatBufferBuilder& fbb() { return fbb_; }
   uint32_t records() const { return records_; }
@@ -29,6 +85,10 @@ class Builder {
   std::vector<fb::Offset<w::StepMark>> steps;
   std::vector<fb::Offset<w::SourceFile>> sources;
   std::vector<fb::Offset<w::GapNotice>> gaps;
+  // Per-record scratch, reused so that encoding a record allocates nothing.
+  std::vector<fb::Offset<w::Value>> inputs_scratch;
+  std::vector<fb::Offset<w::TensorSig>> tensors_scratch;
+  std::vector<fb::Offset<w::TensorSig>> list_scratch;
 
   void CountEntry(bool is_record) {
     ++entries_;
@@ -68,10 +128,26 @@ class Builder {
     out.seq = seq;
     out.records = records_;
     out.buffer = fbb_.Release();
+    Reset();
     return out;
   }
 
  private:
+  // Ready for the next batch; the vectors keep their capacity.
+  void Reset() {
+    fbb_.Clear();
+    strings.clear();
+    sites.clear();
+    communicators.clear();
+    ops.clear();
+    collectives.clear();
+    steps.clear();
+    sources.clear();
+    gaps.clear();
+    records_ = 0;
+    entries_ = 0;
+  }
+
   template <typename T>
   fb::Offset<fb::Vector<fb::Offset<T>>> Vec(const std::vector<fb::Offset<T>>& v) {
     if (v.empty()) return 0;
@@ -154,9 +230,9 @@ bool EncodeOp(EntryReader& r, Builder& b) {
   auto& fbb = b.fbb();
   OpFixed op;
   if (!r.Get(&op)) return false;
-  std::vector<fb::Offset<w::Value>> inputs;
-  inputs.reserve(op.num_inputs);
-  std::vector<fb::Offset<w::TensorSig>> tensors;
+  auto& inputs = b.inputs_scratch;
+  auto& tensors = b.tensors_scratch;
+  inputs.clear();
   for (uint32_t i = 0; i < op.num_inputs; ++i) {
     ValueFixed v;
     if (!r.Get(&v)) return false;
@@ -166,8 +242,8 @@ bool EncodeOp(EntryReader& r, Builder& b) {
     if (kind == w::ValueKind::Tensor) {
       if (!ReadTensor(r, fbb, &tensor)) return false;
     } else if (kind == w::ValueKind::TensorList) {
-      if (!ReadTensors(r, fbb, v.num_tensors, &tensors)) return false;
-      list = fbb.CreateVector(tensors);
+      if (!ReadTensors(r, fbb, v.num_tensors, &b.list_scratch)) return false;
+      list = fbb.CreateVector(b.list_scratch);
     }
     w::ValueBuilder vb(fbb);
     vb.add_kind(kind);
@@ -213,7 +289,7 @@ bool EncodeCollective(EntryReader& r, Builder& b) {
   auto& fbb = b.fbb();
   CollectiveFixed c;
   if (!r.Get(&c)) return false;
-  std::vector<fb::Offset<w::TensorSig>> tensors;
+  auto& tensors = b.tensors_scratch;
   if (!ReadTensors(r, fbb, c.num_inputs, &tensors)) return false;
   auto inputs = fbb.CreateVector(tensors);
   if (!ReadTensors(r, fbb, c.num_outputs, &tensors)) return false;
@@ -259,11 +335,13 @@ std::vector<EncodedBatch> BatchEncoder::Encode(const uint8_t* data, size_t size,
                                                size_t max_batches, size_t* consumed) {
   std::vector<EncodedBatch> out;
   if (consumed != nullptr) *consumed = size;
-  auto builder = std::make_unique<Builder>();
+  // A full batch of typical records (~300 bytes each) fits the first buffer;
+  // a smaller cut needs at most what it holds.
+  const size_t expected = std::min<size_t>(size_t{batch_records_} * 384, 2 * size) + (16 << 10);
+  auto builder = std::make_unique<Builder>(std::clamp<size_t>(expected, 4 << 10, 16 << 20));
   auto finish = [&](bool last) {
     const AnnounceInfo* a = out.empty() ? announce : nullptr;
     out.push_back(builder->Finish(id_, (*next_seq)++, a, last && end_of_run));
-    builder = std::make_unique<Builder>();
   };
   EntryReader entries(data, size);
   while (!entries.done()) {
