@@ -566,6 +566,59 @@ TEST(FingerprintStats, FloatCountsExtremesSumsAndNorm) {
   EXPECT_EQ(hs.max, 1.0);
 }
 
+// Training data is almost all finite, so the AVX2 statistics take a shortcut
+// for groups of eight finite values; it must give the bits of the scalar
+// path, also for signed zeros, ties and extremes, and with non-finite values
+// at every position of a group.
+TEST(FingerprintStats, FiniteShortcutMatchesScalarBits) {
+  if (!internal::CpuHasAvx2()) GTEST_SKIP() << "no AVX2 on this CPU";
+  SplitMix64 rng(42);
+  const double specials[] = {0.0, -0.0, 1.0, -1.0, 3.4e38, -3.4e38, 1e-45, -1e-45};
+  for (int nonfinite_every : {0, 7, 8, 61, 1000}) {
+    for (uint64_t n : {8, 15, 16, 4095, 4096, 20000, 70001}) {
+      std::vector<float> f(n);
+      std::vector<double> d(n);
+      std::vector<uint16_t> bf(n), h(n);
+      for (uint64_t i = 0; i < n; ++i) {
+        const uint64_t r = rng.Next();
+        double v = (static_cast<double>(r >> 11) * 0x1.0p-53 - 0.5) * 8.0;
+        if (r % 13 == 0) v = specials[(r >> 8) % std::size(specials)];
+        if (nonfinite_every != 0 && i % nonfinite_every == 3) {
+          v = (r & 1) ? std::numeric_limits<double>::quiet_NaN()
+                      : ((r & 2) ? 1 : -1) * std::numeric_limits<double>::infinity();
+        }
+        f[i] = static_cast<float>(v);
+        d[i] = v;
+        uint32_t bits;
+        std::memcpy(&bits, &f[i], 4);
+        bf[i] = static_cast<uint16_t>(bits >> 16);
+        h[i] = static_cast<uint16_t>((bits >> 16 & 0x8000) | ((r >> 20) % 0x7C00));  // finite fp16
+        if (nonfinite_every != 0 && i % nonfinite_every == 3) h[i] = (r & 4) ? 0x7C00 : 0xFE00;
+      }
+      struct Case {
+        const void* data;
+        DType dtype;
+      } cases[] = {{f.data(), DType::kFloat32},
+                   {d.data(), DType::kFloat64},
+                   {bf.data(), DType::kBFloat16},
+                   {h.data(), DType::kFloat16}};
+      for (const Case& c : cases) {
+        const int64_t shape[] = {static_cast<int64_t>(n)};
+        HostOptions scalar, vec;
+        scalar.isa = Isa::kScalar;
+        vec.isa = Isa::kAvx2;
+        const Fingerprint want =
+            internal::FingerprintHostWith({c.data, c.dtype, shape, {}}, scalar);
+        const Fingerprint got = internal::FingerprintHostWith({c.data, c.dtype, shape, {}}, vec);
+        SCOPED_TRACE(std::string(DTypeName(c.dtype)) + " n=" + std::to_string(n) +
+                     " nonfinite_every=" + std::to_string(nonfinite_every));
+        EXPECT_EQ(got.digest, want.digest);
+        ExpectSameStats(got.stats, want.stats);
+      }
+    }
+  }
+}
+
 TEST(FingerprintStats, IntegersAreExact) {
   const int64_t v[] = {std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::max(),
                        std::numeric_limits<int64_t>::min(), -5};
