@@ -7,15 +7,18 @@ torch — no change to the training code. Explicit use:
     import opguard
     opguard.enable()      # same as the hook does
     opguard.mark_step()   # step boundary for loops without torch.optim
+    with opguard.replicated():  # ops every data-parallel replica must agree on
+        ...
 
 Everything here follows the shim's rule: never raise into, block or crash the
 training process. Failures print one warning line and recording stays off.
 """
+import contextlib
 import ctypes
 import os
 import sys
 
-__all__ = ["enable", "enabled", "mark_step", "counters"]
+__all__ = ["enable", "enabled", "mark_step", "replicated", "counters"]
 
 _LIB_DIR = os.environ.get("OPGUARD_LIBDIR") or os.path.join(os.path.dirname(__file__), "lib")
 _state = {"shim": None, "torch": None, "enabled": False, "pending_rank": False}
@@ -37,6 +40,8 @@ def _load():
         adapter.opguard_torch_mark_step.restype = ctypes.c_uint64
         adapter.opguard_torch_step.restype = ctypes.c_uint64
         adapter.opguard_torch_lane.restype = ctypes.c_uint32
+        adapter.opguard_torch_replicated_begin.restype = ctypes.c_int
+        adapter.opguard_torch_replicated_end.restype = ctypes.c_int
         _state["shim"], _state["torch"] = shim, adapter
     return _state["shim"], _state["torch"]
 
@@ -96,6 +101,24 @@ def mark_step():
     if _state["enabled"]:
         return int(_state["torch"].opguard_torch_mark_step())
     return 0
+
+
+@contextlib.contextmanager
+def replicated():
+    """Marks the ops this thread records in the body as replicated: every
+    data-parallel replica must compute identical bits for them (the flag
+    `opguard ranks --replicas` compares). Ops inside a torch.optim
+    Optimizer.step are marked on their own; this is for replicated computation
+    elsewhere (a hand-written update, EMA weights). Regions nest; usable as a
+    decorator too. Does nothing while not recording."""
+    adapter = _state["torch"] if _state["enabled"] else None
+    if adapter is not None:
+        adapter.opguard_torch_replicated_begin()
+    try:
+        yield
+    finally:
+        if adapter is not None:
+            adapter.opguard_torch_replicated_end()
 
 
 class _Counters(ctypes.Structure):

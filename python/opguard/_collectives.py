@@ -45,24 +45,6 @@ class _Collective(ctypes.Structure):  # opguard_collective
                 ("outputs", ctypes.POINTER(_Tensor)), ("time_ns", ctypes.c_uint64)]
 
 
-class _Value(ctypes.Structure):  # opguard_value
-    _fields_ = [("kind", ctypes.c_uint8), ("scalar_dtype", ctypes.c_uint8),
-                ("reserved", ctypes.c_uint16), ("num_tensors", ctypes.c_uint32),
-                ("scalar_bits", ctypes.c_uint64), ("tensor", _Tensor),
-                ("tensors", ctypes.POINTER(_Tensor))]
-
-
-class _Op(ctypes.Structure):  # opguard_op
-    _fields_ = [("struct_size", ctypes.c_uint32), ("lane", ctypes.c_uint32),
-                ("op_index", ctypes.c_uint64), ("step", ctypes.c_uint64),
-                ("name", ctypes.c_uint64), ("site", ctypes.c_uint64),
-                ("seq_nr", ctypes.c_int64), ("flags", ctypes.c_uint32),
-                ("num_inputs", ctypes.c_uint32), ("inputs", ctypes.POINTER(_Value)),
-                ("num_outputs", ctypes.c_uint32), ("num_kernels", ctypes.c_uint32),
-                ("outputs", ctypes.POINTER(_Tensor)), ("kernels", ctypes.POINTER(ctypes.c_uint64)),
-                ("start_ns", ctypes.c_uint64), ("duration_ns", ctypes.c_uint64)]
-
-
 class _Communicator(ctypes.Structure):  # opguard_communicator
     _fields_ = [("struct_size", ctypes.c_uint32), ("size", ctypes.c_uint32),
                 ("id", ctypes.c_uint64), ("name", ctypes.c_char_p),
@@ -72,19 +54,23 @@ class _Communicator(ctypes.Structure):  # opguard_communicator
 _DTYPES = {torch.float64: 1, torch.float32: 2, torch.float16: 3, torch.bfloat16: 4,
            torch.int64: 7, torch.int32: 8, torch.int16: 9, torch.int8: 10, torch.uint8: 11,
            torch.bool: 12, torch.complex64: 16, torch.complex128: 17}
-_state = {"shim": None, "adapter": None, "installed": False, "comms": {}}
+_state = {"shim": None, "adapter": None, "installed": False, "comms": {}, "names": {},
+          "user_code": {}, "sites": {}, "reduce_ops": {}}
 
 
 def _fingerprint(tensor, keep):
     """opguard_tensor for a host tensor, or None if it has no host bytes."""
     if tensor is None or tensor.device.type != "cpu" or tensor.dtype not in _DTYPES:
         return None
-    shape = (ctypes.c_int64 * max(1, tensor.dim()))(*tensor.shape)
-    strides = (ctypes.c_int64 * max(1, tensor.dim()))(*tensor.stride())
+    ndim = tensor.dim()
+    array = ctypes.c_int64 * max(1, ndim)
+    shape = array(*tensor.shape)
+    # A contiguous tensor needs no strides (the same bytes, the same digest).
+    strides = None if tensor.is_contiguous() else array(*tensor.stride())
     out = _Tensor()
-    ptr = ctypes.c_void_p(tensor.data_ptr() if tensor.numel() else 0)
-    rc = _state["shim"].opguard_fingerprint_host(ptr, _DTYPES[tensor.dtype], shape, tensor.dim(),
-                                                 strides, ctypes.byref(out))
+    rc = _state["shim"].opguard_fingerprint_host(tensor.data_ptr() if tensor.numel() else None,
+                                                 _DTYPES[tensor.dtype], shape, ndim, strides,
+                                                 ctypes.byref(out))
     if rc != 0:
         return None
     keep.append(shape)
@@ -92,9 +78,12 @@ def _fingerprint(tensor, keep):
 
 
 def _tensor_array(tensors, keep):
-    prints = [_fingerprint(t, keep) for t in tensors]
-    if any(p is None for p in prints):
-        return None
+    prints = []
+    for t in tensors:
+        p = _fingerprint(t, keep)
+        if p is None:
+            return None
+        prints.append(p)
     array = (_Tensor * max(1, len(prints)))(*prints)
     keep.append(array)
     return array, len(prints)
@@ -117,11 +106,27 @@ def _communicator(group):
     return comm_id
 
 
-def _split(kind, bound):
-    """(inputs, outputs, root, reduce_op) of one call, by collective kind."""
-    a = bound.arguments
-    op = a.get("op")
-    reduce_op = _REDUCE.get(getattr(op, "name", str(op)).upper().split(".")[-1], 0) if op is not None else 255
+def _reduce_op(op):
+    """OPGUARD_REDUCE_* of a ReduceOp (255: none), cached per op value."""
+    if op is None:
+        return 255
+    try:
+        return _state["reduce_ops"][op]
+    except (KeyError, TypeError):
+        pass
+    code = _REDUCE.get(getattr(op, "name", str(op)).upper().split(".")[-1], 0)
+    try:
+        if len(_state["reduce_ops"]) < 64:
+            _state["reduce_ops"][op] = code
+    except TypeError:  # unhashable: not cached
+        pass
+    return code
+
+
+def _split(kind, a):
+    """(inputs, outputs, root, reduce_op) of one call, by collective kind;
+    `a` maps every parameter name to its argument (defaults applied)."""
+    reduce_op = _reduce_op(a.get("op"))
     root = a.get("src", a.get("dst", -1))
     if kind in ("all_reduce", "broadcast", "reduce"):
         return [a["tensor"]], [a["tensor"]], root, reduce_op
@@ -163,42 +168,52 @@ class _CompletingWork:
 
 
 def _user_site():
-    """Site id of the innermost frame outside torch, OpGuard and the stdlib."""
+    """Site id of the innermost frame outside torch, OpGuard and the stdlib.
+    Whether a code object is user code (its source file sent once) and the
+    site id of each (code, line) are cached."""
     frame = sys._getframe(1)
-    prefixes = _state["skip"]
+    user_code, sites = _state["user_code"], _state["sites"]
     while frame is not None:
-        path = frame.f_code.co_filename
-        if not path.startswith("<") and not path.startswith(prefixes):
-            shim = _state["shim"]
-            shim.opguard_source_file(path.encode(), None, 0)
-            return shim.opguard_site(path.encode(), frame.f_lineno, frame.f_code.co_name.encode())
+        code = frame.f_code
+        user = user_code.get(code)
+        if user is None:
+            path = code.co_filename
+            user = not path.startswith("<") and not path.startswith(_state["skip"])
+            if user:
+                _state["shim"].opguard_source_file(path.encode(), None, 0)
+            if len(user_code) >= 10000:
+                user_code.clear()
+            user_code[code] = user
+        if user:
+            key = (code, frame.f_lineno)
+            site = sites.get(key)
+            if site is None:
+                site = _state["shim"].opguard_site(code.co_filename.encode(), key[1],
+                                                   code.co_name.encode())
+                if len(sites) >= 10000:
+                    sites.clear()
+                sites[key] = site
+            return site
         frame = frame.f_back
     return 0
 
 
-def _record_op(name, site, in_array, out_array):
-    """The collective as an op boundary in the rank's op order, so alignment
-    and the pivot walk see it like any other op: "c10d::all_reduce [enter]"
-    holds what the collective consumed (recorded at launch), "c10d::all_reduce"
-    what it produced (recorded once complete)."""
-    values = (_Value * max(1, in_array[1]))()
-    for i in range(in_array[1]):
-        values[i].kind = 1  # OPGUARD_VALUE_TENSOR
-        values[i].tensor = in_array[0][i]
-    op = _Op()
-    op.struct_size = ctypes.sizeof(_Op)
-    op.lane = _state["adapter"].opguard_torch_lane()
-    op.op_index = _AUTO
-    encoded = name.encode()
-    op.name = _state["shim"].opguard_intern(encoded, len(encoded))
-    op.site = site
-    op.num_inputs, op.inputs = in_array[1], values
-    op.num_outputs, op.outputs = out_array[1], out_array[0]
-    _state["shim"].opguard_record_op(ctypes.byref(op), None)
+def _name_id(name):
+    name_id = _state["names"].get(name)
+    if name_id is None:
+        encoded = name.encode()
+        name_id = _state["shim"].opguard_intern(encoded, len(encoded))
+        _state["names"][name] = name_id
+    return name_id
 
 
 def _record(phase, kind, comm, seq, count, dtype, root, reduce_op, inputs, outputs, site,
             entered=None, entered_at=None):
+    """Records one phase. The collective is also an op boundary in the rank's
+    op order, so alignment and the pivot walk see it like any other op:
+    "c10d::all_reduce [enter]" holds what the collective consumed (recorded at
+    launch), "c10d::all_reduce" what it produced (recorded once complete);
+    the adapter records both in one call (opguard_torch_record_collective)."""
     keep = []
     # Completed records carry the inputs as they were at launch (an in-place
     # all-reduce has overwritten them by now).
@@ -206,41 +221,72 @@ def _record(phase, kind, comm, seq, count, dtype, root, reduce_op, inputs, outpu
     outs = _tensor_array(outputs, keep)
     if ins is None or outs is None:
         return None  # device tensors: the collective is not fingerprinted here
-    lane = _state["adapter"].opguard_torch_lane()
-    if phase == 1:
-        _record_op(f"c10d::{kind} [enter]", site, ins, ins)
-        # Where the collective was issued: after its [enter] boundary. The
-        # Completed record repeats this position, so both phases sit at the
-        # same place in the rank's op order (causality compares positions).
-        issued_at = _state["shim"].opguard_lane_position(lane)
-    else:
-        _record_op(f"c10d::{kind}", site, entered if entered is not None else ins, outs)
-        issued_at = entered_at
     rec = _Collective()
     rec.struct_size = ctypes.sizeof(_Collective)
     rec.phase, rec.kind, rec.dtype, rec.reduce_op = phase, _KINDS[kind], dtype, reduce_op
     rec.communicator, rec.seq, rec.count = comm, seq, count
     rec.root = root if isinstance(root, int) else -1
-    rec.lane = lane
-    rec.op_index, rec.step, rec.site = issued_at, _AUTO, site
+    # Entered: the adapter sets op_index to where the collective was issued
+    # (after its [enter] boundary); Completed repeats that position, so both
+    # phases sit at the same place in the rank's op order (causality compares
+    # positions).
+    rec.op_index = _AUTO if phase == 1 else entered_at
+    rec.step, rec.site = _AUTO, site
     rec.num_inputs, rec.inputs = ins[1], ins[0]
     rec.num_outputs, rec.outputs = outs[1], outs[0]
+    name = f"c10d::{kind} [enter]" if phase == 1 else f"c10d::{kind}"
     seq_out = ctypes.c_uint64(0)
-    if _state["shim"].opguard_record_collective(ctypes.byref(rec), ctypes.byref(seq_out)) != 0:
+    if _state["adapter"].opguard_torch_record_collective(ctypes.byref(rec), _name_id(name),
+                                                         ctypes.byref(seq_out)) != 0:
         return None
-    return seq_out.value, ins, issued_at
+    return seq_out.value, ins, rec.op_index
+
+
+def _binder(original):
+    """A function (args, kwargs) -> {parameter: argument, defaults applied},
+    as inspect.Signature.bind + apply_defaults give, prepared once per
+    function: binding is on every collective call's path. Raises TypeError
+    where bind would (the call itself then raises it)."""
+    signature = inspect.signature(original)
+    params = list(signature.parameters.values())
+    kinds = {p.kind for p in params}
+    if not kinds <= {inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY}:
+        def bind_general(args, kwargs):
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            return bound.arguments
+        return bind_general
+    positional = tuple(p.name for p in params
+                       if p.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    names = frozenset(p.name for p in params)
+    defaults = {p.name: p.default for p in params if p.default is not p.empty}
+
+    def bind(args, kwargs):
+        if len(args) > len(positional):
+            raise TypeError("too many positional arguments")
+        arguments = dict(defaults)
+        arguments.update(zip(positional, args))
+        if kwargs:
+            for name in kwargs:
+                if name not in names or name in positional[:len(args)]:
+                    raise TypeError(f"unexpected or repeated argument {name!r}")
+            arguments.update(kwargs)
+        if len(arguments) != len(names):
+            raise TypeError("missing a required argument")
+        return arguments
+
+    return bind
 
 
 def _wrap(kind, original):
-    signature = inspect.signature(original)
+    bind = _binder(original)
 
     @functools.wraps(original)
     def wrapper(*args, **kwargs):
         try:
-            bound = signature.bind(*args, **kwargs)
-            bound.apply_defaults()
-            inputs, outputs, root, reduce_op = _split(kind, bound)
-            comm = _communicator(bound.arguments.get("group"))
+            arguments = bind(args, kwargs)
+            inputs, outputs, root, reduce_op = _split(kind, arguments)
+            comm = _communicator(arguments.get("group"))
             first = (inputs or outputs or [None])[0]
             dtype = _DTYPES.get(getattr(first, "dtype", None), 0)
             count = first.numel() if first is not None else 0
@@ -261,7 +307,7 @@ def _wrap(kind, original):
             except Exception:
                 pass
 
-        if bound.arguments.get("async_op") and work is not None:
+        if arguments.get("async_op") and work is not None:
             return _CompletingWork(work, complete)
         complete()
         return work
@@ -282,9 +328,9 @@ def install(shim, adapter, skip_prefixes):
     shim.opguard_site.argtypes = [ctypes.c_char_p, ctypes.c_uint32, ctypes.c_char_p]
     shim.opguard_source_file.restype = ctypes.c_uint64
     shim.opguard_source_file.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t]
-    shim.opguard_record_op.argtypes = [ctypes.POINTER(_Op), ctypes.POINTER(ctypes.c_uint64)]
-    shim.opguard_lane_position.restype = ctypes.c_uint64
-    shim.opguard_lane_position.argtypes = [ctypes.c_uint32]
+    adapter.opguard_torch_record_collective.argtypes = [
+        ctypes.POINTER(_Collective), ctypes.c_uint64, ctypes.POINTER(ctypes.c_uint64)]
+    adapter.opguard_torch_record_collective.restype = ctypes.c_int
     shim.opguard_fingerprint_host.argtypes = [
         ctypes.c_void_p, ctypes.c_uint8, ctypes.POINTER(ctypes.c_int64), ctypes.c_uint32,
         ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(_Tensor)]

@@ -9,7 +9,10 @@
 //    "aten::mm [AddmmBackward0]", carrying the node's sequence number and the
 //    call site of the forward op that created the node;
 //  * steps: the end of every Optimizer.step (torch wraps it in a USER_SCOPE
-//    RecordFunction "Optimizer.step#<Class>.step"), or opguard.mark_step().
+//    RecordFunction "Optimizer.step#<Class>.step"), or opguard.mark_step();
+//  * replicated ops: every op recorded while its thread is inside an
+//    Optimizer.step or an opguard.replicated() region is flagged
+//    OPGUARD_OP_REPLICATED (data-parallel replicas must agree on its bits).
 // Tensors that cannot be fingerprinted on the host (device tensors in a
 // build without the CUDA path, sparse, quantized) make the op a reported gap,
 // never a record with a made-up fingerprint.
@@ -125,26 +128,43 @@ class FingerprintCache {
     uint64_t lo, hi;
     opguard_tensor_stats stats;
     uint8_t has_stats;
+    uint64_t generation = 0;  // set by Put
   };
 
   const Value* Find(const Key& key, const c10::StorageImpl* storage) {
     auto it = map_.find(key);
     if (it == map_.end()) return nullptr;
     auto alive = it->second.storage.lock();
-    if (!alive || alive.get() != storage) {
+    bool valid = alive && alive.get() == storage;
+    if (valid && !written_.empty()) {
+      auto w = written_.find(storage);
+      valid = w == written_.end() || it->second.generation >= w->second;
+    }
+    if (!valid) {
       map_.erase(it);
       return nullptr;
     }
     return &it->second;
   }
   void Put(const Key& key, Value value) {
-    if (map_.size() >= 8192) map_.clear();
+    if (map_.size() >= 8192 || written_.size() >= 4096) Clear();
+    value.generation = generation_;
     map_.insert_or_assign(key, std::move(value));
   }
-  void Clear() { map_.clear(); }
+  void Clear() {
+    map_.clear();
+    written_.clear();
+  }
+  // The storage's bytes changed without a version bump: entries of it (any
+  // view) put before now are stale. O(1); Find drops them lazily.
+  void StorageWritten(const c10::StorageImpl* storage) { written_[storage] = ++generation_; }
 
  private:
   std::unordered_map<Key, Value, KeyHash> map_;
+  // Storages written behind the version counter, by the generation of their
+  // last such write; entries put before it are stale.
+  std::unordered_map<const c10::StorageImpl*, uint64_t> written_;
+  uint64_t generation_ = 0;
 };
 
 // Storages holding freshly allocated, not yet written memory (outputs of
@@ -222,6 +242,8 @@ struct ThreadState {
   int64_t node_seq = -1;   // innermost autograd node's sequence number
   std::string node_name;   // innermost autograd node's name ("AddmmBackward0")
   int64_t lane = -1;
+  int optimizer_steps = 0;     // Optimizer.step scopes currently open
+  int replicated_regions = 0;  // opguard.replicated() regions currently open
   uint64_t cache_step = 0;
   FingerprintCache cache;
   UninitialisedStorages uninitialised;
@@ -290,6 +312,7 @@ class OpContext final : public at::ObserverContext {
   bool backward = false;
   bool uninitialised_output = false;
   bool reenable_record_function = false;  // nested ops were switched off at start
+  bool replicated = false;  // in Optimizer.step or opguard.replicated() at start
   uint64_t name = 0;
   uint64_t site = 0;
   int64_t seq_nr = -1;
@@ -365,8 +388,10 @@ bool GatherLogical(const void* data, size_t element_size, at::IntArrayRef sizes,
 }
 
 // Fills `out` with the tensor's fingerprint (its shape as an offset into
-// ctx.dims); false if it has no host bytes OpGuard can read.
-bool FingerprintTensor(const at::Tensor& t, OpContext& ctx, ThreadState& ts, opguard_tensor* out) {
+// ctx.dims); false if it has no host bytes OpGuard can read. `cached`: a
+// fingerprint cached for the same bytes may be used.
+bool FingerprintTensor(const at::Tensor& t, OpContext& ctx, ThreadState& ts, opguard_tensor* out,
+                       bool cached = true) {
   std::memset(out, 0, sizeof(*out));
   if (!t.defined() || !t.device().is_cpu() || t.is_sparse() || t.is_quantized() ||
       t.is_mkldnn() || !t.has_storage()) {
@@ -387,7 +412,7 @@ bool FingerprintTensor(const at::Tensor& t, OpContext& ctx, ThreadState& ts, opg
     layout_hash = layout_hash * 1000003u ^ static_cast<size_t>(strides[i]);
   }
   FingerprintCache::Key key{data, TensorVersion(t), dtype, layout_hash};
-  if (data != nullptr) {
+  if (data != nullptr && cached) {
     if (const auto* hit = ts.cache.Find(key, storage)) {
       out->fp_lo = hit->lo;
       out->fp_hi = hit->hi;
@@ -447,6 +472,11 @@ bool ScalarValue(const c10::IValue& v, opguard_value* out) {
   return true;
 }
 
+// Inputs of replicated ops are hashed from their bytes, never taken from the
+// cache: what replicas compare must show memory that changed behind torch's
+// back (a bit flipped in one replica's reduced gradient between the
+// all-reduce and the optimizer: the op read corrupted inputs, it did not
+// compute wrongly). The cache assumes bytes change only with the version.
 void CollectInputs(const at::RecordFunction& fn, OpContext& ctx, ThreadState& ts) {
   auto inputs = fn.inputs();
   ctx.inputs.reserve(inputs.size());
@@ -457,7 +487,9 @@ void CollectInputs(const at::RecordFunction& fn, OpContext& ctx, ThreadState& ts
       const at::Tensor& t = v.toTensor();
       if (t.defined()) {
         ctx.input_impls.push_back(t.unsafeGetTensorImpl());
-        if (!FingerprintTensor(t, ctx, ts, &value.tensor)) ctx.unfingerprintable = true;
+        if (!FingerprintTensor(t, ctx, ts, &value.tensor, !ctx.replicated)) {
+          ctx.unfingerprintable = true;
+        }
         value.kind = OPGUARD_VALUE_TENSOR;
       }
     } else if (v.isTensorList()) {
@@ -466,7 +498,7 @@ void CollectInputs(const at::RecordFunction& fn, OpContext& ctx, ThreadState& ts
       for (size_t i = 0; i < list.size(); ++i) {
         const at::Tensor t = list.get(i);
         opguard_tensor tensor;
-        if (!FingerprintTensor(t, ctx, ts, &tensor)) ctx.unfingerprintable = true;
+        if (!FingerprintTensor(t, ctx, ts, &tensor, !ctx.replicated)) ctx.unfingerprintable = true;
         ctx.list_tensors.push_back(tensor);
       }
       value.kind = OPGUARD_VALUE_TENSOR_LIST;
@@ -560,17 +592,41 @@ bool IsEngineWrapper(const at::RecordFunction& fn) {
   return std::strncmp(fn.name(), "autograd::engine::evaluate_function: ", 37) == 0;
 }
 
+// torch.optim wraps every Optimizer.step in a USER_SCOPE RecordFunction named
+// "Optimizer.step#<Class>.step".
+bool IsOptimizerStep(const at::RecordFunction& fn) {
+  return std::strncmp(fn.name(), "Optimizer.step#", 15) == 0;
+}
+
+// Drops the cached fingerprints of the tensors in `v` (nested lists too:
+// c10d::allgather_ takes a list of tensor lists).
+void ForgetTensors(const c10::IValue& v, ThreadState& ts) {
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    if (t.defined() && t.has_storage()) ts.cache.StorageWritten(t.storage().unsafeGetStorageImpl());
+  } else if (v.isList()) {
+    for (const c10::IValue& e : v.toListRef()) ForgetTensors(e, ts);
+  }
+}
+
 std::unique_ptr<at::ObserverContext> OnFunctionStart(const at::RecordFunction& fn, ThreadState& ts) {
   if (IsEngineWrapper(fn)) return nullptr;
   int depth = ts.depth++;
   if (!g_recording.load(std::memory_order_relaxed)) return nullptr;
-  bool in_backward = ts.backward_nodes > 0;
-  if (depth != 0 && !g_all_depths.load(std::memory_order_relaxed)) return nullptr;
   // c10d's dispatcher ops (c10d::allreduce_, ...) return as soon as the work
   // is queued: their outputs are not final at op end, so fingerprinting them
   // here would record a racy, half-reduced buffer. The opguard package
   // records collectives instead, with outputs taken after completion.
-  if (std::strncmp(fn.name(), "c10d::", 6) == 0) return nullptr;
+  //
+  // Their in-place writes do not bump the tensors' version counters (torch
+  // 1.13), so cached fingerprints of the tensors they were given are dropped
+  // here: the next op that reads them hashes what the collective wrote.
+  if (std::strncmp(fn.name(), "c10d::", 6) == 0) {
+    for (const c10::IValue& v : fn.inputs()) ForgetTensors(v, ts);
+    return nullptr;
+  }
+  bool in_backward = ts.backward_nodes > 0;
+  if (depth != 0 && !g_all_depths.load(std::memory_order_relaxed)) return nullptr;
   if (ts.cache_step != g_step.load(std::memory_order_relaxed)) {
     ts.cache.Clear();  // bound the cache to one step's tensors
     ts.cache_step = g_step.load(std::memory_order_relaxed);
@@ -578,6 +634,7 @@ std::unique_ptr<at::ObserverContext> OnFunctionStart(const at::RecordFunction& f
   auto ctx = std::make_unique<OpContext>();
   ctx->start_ns = NowNs();
   ctx->backward = in_backward;
+  ctx->replicated = ts.optimizer_steps > 0 || ts.replicated_regions > 0;
   if (in_backward) {
     ctx->name = ts.names.GetBackward(fn.name(), ts.node_name);
     ctx->seq_nr = ts.node_seq;
@@ -624,6 +681,7 @@ void OnFunctionEnd(const at::RecordFunction& fn, OpContext* ctx, ThreadState& ts
   op.site = ctx->site;
   op.flags = ctx->backward ? OPGUARD_OP_BACKWARD : 0;
   if (ctx->uninitialised_output) op.flags |= OPGUARD_OP_NONDETERMINISTIC;
+  if (ctx->replicated) op.flags |= OPGUARD_OP_REPLICATED;
   if (ctx->seq_nr >= 0) {
     op.seq_nr = ctx->seq_nr;
     op.flags |= OPGUARD_OP_HAS_SEQ_NR;
@@ -648,6 +706,11 @@ std::unique_ptr<at::ObserverContext> OnStart(const at::RecordFunction& fn) {
         ts.node_seq = fn.seqNr();
         SetNodeName(fn.name(), &ts.node_name);
         return nullptr;
+      case at::RecordScope::USER_SCOPE:
+        // Counted whether or not recording is on, so that recording switched
+        // on inside a step still sees the step's end as its end.
+        if (IsOptimizerStep(fn)) ++ts.optimizer_steps;
+        return nullptr;
       default:
         return nullptr;
     }
@@ -671,9 +734,9 @@ void OnEnd(const at::RecordFunction& fn, at::ObserverContext* raw) {
         if (ts.backward_nodes == 0) ts.node_seq = -1;
         break;
       case at::RecordScope::USER_SCOPE:
-        if (g_recording.load(std::memory_order_relaxed) &&
-            std::strncmp(fn.name(), "Optimizer.step#", 15) == 0) {
-          MarkStep(ts);
+        if (IsOptimizerStep(fn)) {
+          if (ts.optimizer_steps > 0) --ts.optimizer_steps;
+          if (g_recording.load(std::memory_order_relaxed)) MarkStep(ts);
         }
         break;
       default:
@@ -756,6 +819,57 @@ __attribute__((visibility("default"))) void opguard_torch_disable(void) {
 __attribute__((visibility("default"))) uint64_t opguard_torch_mark_step(void) {
   if (g_recording.load()) MarkStep(t_state);
   return g_step.load();
+}
+
+// opguard.replicated(): ops the calling thread records between Begin and End
+// are flagged OPGUARD_OP_REPLICATED. Regions nest; End without Begin is
+// ignored. Returns the thread's region depth after the call.
+__attribute__((visibility("default"))) int opguard_torch_replicated_begin(void) {
+  return ++t_state.replicated_regions;
+}
+__attribute__((visibility("default"))) int opguard_torch_replicated_end(void) {
+  ThreadState& ts = t_state;
+  if (ts.replicated_regions > 0) --ts.replicated_regions;
+  return ts.replicated_regions;
+}
+
+// One phase of a collective recorded from Python (python/opguard/_collectives.py)
+// in one call: the op boundary in the calling thread's lane ("c10d::<kind>
+// [enter]" holding the inputs, or "c10d::<kind>" with the launch inputs and
+// the outputs), then the collective record. `rec->lane` is set here; for
+// Entered, `rec->op_index` is set to the lane position after the boundary
+// (where the collective was issued), for Completed the caller repeats it.
+__attribute__((visibility("default"))) int opguard_torch_record_collective(opguard_collective* rec,
+                                                                          uint64_t op_name,
+                                                                          uint64_t* seq) {
+  try {
+    if (rec == nullptr) return OPGUARD_ERR_INVALID;
+    const uint32_t lane = LaneOf(t_state);
+    c10::SmallVector<opguard_value, 8> values(rec->num_inputs);
+    for (uint32_t i = 0; i < rec->num_inputs; ++i) {
+      std::memset(&values[i], 0, sizeof(opguard_value));
+      values[i].kind = OPGUARD_VALUE_TENSOR;
+      values[i].tensor = rec->inputs[i];
+    }
+    const bool entered = rec->phase == OPGUARD_PHASE_ENTERED;
+    opguard_op op;
+    std::memset(&op, 0, sizeof(op));
+    op.struct_size = sizeof(op);
+    op.lane = lane;
+    op.op_index = OPGUARD_AUTO;
+    op.name = op_name;
+    op.site = rec->site;
+    op.num_inputs = rec->num_inputs;
+    op.inputs = values.data();
+    op.num_outputs = entered ? rec->num_inputs : rec->num_outputs;
+    op.outputs = entered ? rec->inputs : rec->outputs;
+    opguard_record_op(&op, nullptr);
+    rec->lane = lane;
+    if (entered) rec->op_index = opguard_lane_position(lane);
+    return opguard_record_collective(rec, seq);
+  } catch (...) {
+    return OPGUARD_ERR_INVALID;
+  }
 }
 
 // The current step and the calling thread's lane (collectives recorded from

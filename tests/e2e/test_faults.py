@@ -127,6 +127,43 @@ class Faults(harness.DaemonTestCase):
         self.assertEqual(first["site"]["suspect"]["file"], script)
         self.assertEqual(report["diverging_ranks"], [1])
 
+    def replicas(self, run):
+        report = self.daemon.cli_json("ranks", run, "--replicas", ",".join(map(str, range(RANKS))))
+        self.assertEqual(report["kind"], "ranks")
+        self.assertEqual(len(report["replicas"]), 1, json.dumps(report)[:2000])
+        return report, report["replicas"][0]
+
+    def test_clean_replicas_agree_on_their_optimizer_steps(self):
+        # Every rank trains on its own data shard, so forward and backward ops
+        # differ across ranks; the optimizer's steps (after the all-reduce)
+        # must not.
+        report, group = self.replicas("ref")
+        self.assertEqual(group["status"], "identical", json.dumps(group)[:3000])
+        self.assertEqual(group["compared"], "replicated_ops")
+        self.assertGreater(group["compared_ops"], 0)
+        self.assertEqual(report["status"], "identical", json.dumps(report)[:3000])
+
+    def test_corrupted_reduced_gradient_on_one_replica(self):
+        harness.train(self.site, self.daemon, "sdc", ranks=RANKS, steps=STEPS, fault="sdc:2:1")
+        report, group = self.replicas("sdc")
+        # Every collective agreed (the corruption came after the all-reduce),
+        # so only the replica check can see it: rank 2's optimizer step.
+        self.assertEqual(report["collectives"]["status"], "identical",
+                         json.dumps(report["collectives"])[:2000])
+        self.assertEqual(group["status"], "diverged", json.dumps(group)[:3000])
+        self.assertEqual(group["odd_ranks"], [2])
+        self.assertEqual(report["odd_ranks"], [2])
+        first = group["first_divergence"]
+        self.assertEqual(first["step"], 1)
+        self.assertTrue(first["op"].startswith("aten::"), first["op"])
+        self.assertFalse(first["inputs_equal"])  # the gradient it read was already corrupted
+        line = harness.line_of(TRAIN, "opt.step()")
+        for run in ("reference", "suspect"):
+            self.assertEqual(first["site"][run]["line"], line, first["site"])
+        text = self.daemon.cli("ranks", "sdc", "--replicas", "0,1,2,3", check=False)
+        self.assertEqual(text.returncode, 1, text.stdout + text.stderr)
+        self.assertIn("disagreeing with the majority: rank(s) 2", text.stdout)
+
     def test_desynchronized_collective(self):
         env = {"OPGUARD_FLUSH_TIMEOUT_MS": 20000}
         with self.assertRaises(AssertionError):  # the job times out, as a real desync would

@@ -11,6 +11,10 @@ training code, never in OpGuard. RANK selects the one rank that misbehaves:
   --fault swap:RANK          the token and position embeddings are computed
                              in the other order (independent computations,
                              same source lines)
+  --fault sdc:RANK:STEP      flip one bit of one *reduced* gradient element on
+                             RANK after the all-reduce at STEP (one replica's
+                             copy corrupted: every collective agrees, the
+                             replicas part in the optimizer's step)
   --fault desync:RANK:STEP   RANK broadcasts from the wrong root at STEP (a
                              desynchronized collective; the job then times out)
 
@@ -142,6 +146,8 @@ def train(rank, world, args):
         for p in model.parameters():  # data-parallel gradient average
             dist.all_reduce(p.grad)
             p.grad /= world
+        if kind == "sdc" and rank == fault_rank and step == fault_step:
+            flip_bit_in_memory(model.head.weight.grad, index=7, bit=22)
         opt.step()
         if rank == 0:
             print(f"step {step} loss {loss.item():.6f}", flush=True)
