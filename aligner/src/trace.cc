@@ -32,12 +32,10 @@ void MixShape(Hasher& h, const TensorInfo& t) {
   for (int64_t d : t.shape) h.Add(static_cast<uint64_t>(d));
 }
 
-}  // namespace
-
-uint64_t StructuralKey(const OpDetail& d, uint64_t boundary) {
+// Everything of the structural key but the site (the loose key's source).
+uint64_t SitelessKey(const OpDetail& d) {
   Hasher h;
   h.Add(d.name);
-  h.Add(boundary != 0 ? boundary : d.site);
   h.Add(d.backward ? 1 : 0);
   h.Add(d.inputs.size());
   for (const InputValue& v : d.inputs) {
@@ -56,6 +54,19 @@ uint64_t StructuralKey(const OpDetail& d, uint64_t boundary) {
   h.Add(d.outputs.size());
   for (const TensorInfo& t : d.outputs) MixShape(h, t);
   return h.Digest64();
+}
+
+uint64_t WithSite(uint64_t siteless, uint64_t site) {
+  Hasher h;
+  h.Add(siteless);
+  h.Add(site);
+  return h.Digest64();
+}
+
+}  // namespace
+
+uint64_t StructuralKey(const OpDetail& d, uint64_t boundary) {
+  return WithSite(SitelessKey(d), boundary != 0 ? boundary : d.site);
 }
 
 Fp128 OutputDigest(const std::vector<TensorInfo>& outputs) {
@@ -136,9 +147,9 @@ OpEvent MakeOpEvent(const OpDetail& d, uint64_t boundary) {
   e.step = d.step;
   e.name = d.name;
   e.site = d.site;
-  e.key = StructuralKey(d, boundary);
-  // An even constant: BoundaryId values are odd, so no site collides with it.
-  e.loose_key = static_cast<uint32_t>(StructuralKey(d, 2));
+  const uint64_t siteless = SitelessKey(d);
+  e.key = WithSite(siteless, boundary != 0 ? boundary : d.site);
+  e.loose_key = static_cast<uint32_t>(siteless);
   e.outputs = OutputDigest(d.outputs);
   e.inputs = InputDigest(d.inputs);
   e.flags = (d.nondeterministic ? OpEvent::kNondeterministic : 0) |

@@ -335,8 +335,15 @@ Result<std::string> ClusterQueries::Diff(const wire::DiffRequest& q) {
     ctx.options.tolerate_gaps_older_than = q.tolerate_gaps_older_than();
     for (uint32_t r : local) {
       // One rank at a time: two traces of ~80 bytes per op in memory at most.
-      OPGUARD_ASSIGN_OR_RETURN(auto ref_trace, ref_details.LoadRank(r, &cancel_));
-      OPGUARD_ASSIGN_OR_RETURN(auto sus_trace, sus_details.LoadRank(r, &cancel_));
+      // The two runs' scans (read, decompress, verify, reduce to events) are
+      // independent: the reference's runs on a second thread.
+      auto ref_loading = std::async(std::launch::async, [&ref_details, r, this] {
+        return ref_details.LoadRank(r, &cancel_);
+      });
+      auto sus_loaded = sus_details.LoadRank(r, &cancel_);
+      auto ref_loaded = ref_loading.get();
+      OPGUARD_ASSIGN_OR_RETURN(auto ref_trace, std::move(ref_loaded));
+      OPGUARD_ASSIGN_OR_RETURN(auto sus_trace, std::move(sus_loaded));
       if (auto it = collectives.find(r); it != collectives.end())
         sus_trace.collectives = std::move(it->second);
       OPGUARD_ASSIGN_OR_RETURN(auto d, aligner::DiffRank(ref_trace, sus_trace, ctx));
