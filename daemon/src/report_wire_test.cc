@@ -26,21 +26,31 @@ aligner::CollectiveEvent AllReduce(uint64_t seq, uint64_t out, uint64_t time_ns)
   return e;
 }
 
+using RankOffsets = std::vector<flatbuffers::Offset<wire::RankCollectives>>;
+
+// An answer listing `ranks` (built in `b`) with `by_rank`'s records grouped.
+const wire::CollectivesAnswer* Finish(
+    flatbuffers::FlatBufferBuilder& b, const RankOffsets& ranks,
+    const std::map<uint32_t, std::vector<aligner::CollectiveEvent>>& by_rank) {
+  auto ranks_vec = b.CreateVector(ranks);
+  auto groups = CollectiveGroupsToWire(b, by_rank);
+  wire::CollectivesAnswerBuilder ab(b);
+  ab.add_ranks(ranks_vec);
+  ab.add_groups(groups);
+  b.Finish(ab.Finish());
+  return flatbuffers::GetRoot<wire::CollectivesAnswer>(b.GetBufferPointer());
+}
+
 struct Answer {
   flatbuffers::FlatBufferBuilder b;
   const wire::CollectivesAnswer* root = nullptr;
 };
 
+// Every rank of `by_rank` listed, its records grouped.
 void Build(const std::map<uint32_t, std::vector<aligner::CollectiveEvent>>& by_rank, Answer* a) {
-  std::vector<flatbuffers::Offset<wire::RankCollectives>> ranks;
+  RankOffsets ranks;
   for (const auto& [rank, events] : by_rank) ranks.push_back(wire::CreateRankCollectives(a->b, rank));
-  auto ranks_vec = a->b.CreateVector(ranks);
-  auto groups = CollectiveGroupsToWire(a->b, by_rank);
-  wire::CollectivesAnswerBuilder ab(a->b);
-  ab.add_ranks(ranks_vec);
-  ab.add_groups(groups);
-  a->b.Finish(ab.Finish());
-  a->root = flatbuffers::GetRoot<wire::CollectivesAnswer>(a->b.GetBufferPointer());
+  a->root = Finish(a->b, ranks, by_rank);
 }
 
 TEST(CollectiveGroups, IdenticalRecordsOfManyRanksTravelOnce) {
@@ -96,17 +106,10 @@ TEST(CollectiveGroups, PerRankEventsAndGroupsBothRead) {
   flatbuffers::FlatBufferBuilder b;
   std::map<uint32_t, std::vector<aligner::CollectiveEvent>> grouped{{1, {AllReduce(0, 5, 1)}}};
   auto e0 = CollectiveToWire(b, AllReduce(0, 5, 1));
-  std::vector<flatbuffers::Offset<wire::RankCollectives>> ranks{
-      wire::CreateRankCollectives(b, 0, b.CreateVector(std::vector{e0})),
-      wire::CreateRankCollectives(b, 1),
-      wire::CreateRankCollectives(b, 1)};  // listed twice: the first listing wins
-  auto ranks_vec = b.CreateVector(ranks);
-  auto groups = CollectiveGroupsToWire(b, grouped);
-  wire::CollectivesAnswerBuilder ab(b);
-  ab.add_ranks(ranks_vec);
-  ab.add_groups(groups);
-  b.Finish(ab.Finish());
-  auto back = CollectivesFromWire(*flatbuffers::GetRoot<wire::CollectivesAnswer>(b.GetBufferPointer()));
+  RankOffsets ranks{wire::CreateRankCollectives(b, 0, b.CreateVector(std::vector{e0})),
+                    wire::CreateRankCollectives(b, 1),
+                    wire::CreateRankCollectives(b, 1)};  // listed twice: the first listing wins
+  auto back = CollectivesFromWire(*Finish(b, ranks, grouped));
   ASSERT_EQ(back.size(), 2u);
   EXPECT_EQ(back[0].rank, 0u);
   EXPECT_EQ(back[1].rank, 1u);
@@ -118,14 +121,7 @@ TEST(CollectiveGroups, GroupNamingAnUnlistedRankIsIgnored) {
   std::map<uint32_t, std::vector<aligner::CollectiveEvent>> by_rank{{0, {AllReduce(0, 1, 1)}},
                                                                       {3, {AllReduce(0, 1, 1)}}};
   flatbuffers::FlatBufferBuilder b;
-  std::vector<flatbuffers::Offset<wire::RankCollectives>> ranks{wire::CreateRankCollectives(b, 0)};
-  auto ranks_vec = b.CreateVector(ranks);
-  auto groups = CollectiveGroupsToWire(b, by_rank);
-  wire::CollectivesAnswerBuilder ab(b);
-  ab.add_ranks(ranks_vec);
-  ab.add_groups(groups);
-  b.Finish(ab.Finish());
-  auto back = CollectivesFromWire(*flatbuffers::GetRoot<wire::CollectivesAnswer>(b.GetBufferPointer()));
+  auto back = CollectivesFromWire(*Finish(b, {wire::CreateRankCollectives(b, 0)}, by_rank));
   ASSERT_EQ(back.size(), 1u);
   EXPECT_EQ(back[0].rank, 0u);
   EXPECT_EQ(back[0].events.size(), 1u);
