@@ -164,6 +164,28 @@ class Faults(harness.DaemonTestCase):
         self.assertEqual(text.returncode, 1, text.stdout + text.stderr)
         self.assertIn("disagreeing with the majority: rank(s) 2", text.stdout)
 
+    def test_ddp_replicas(self):
+        # Plain DDP: its reducer averages gradients in C++ during backward,
+        # outside the collectives OpGuard wraps; the ranks' optimizer steps
+        # are still what replicas must agree on.
+        harness.train(self.site, self.daemon, "ddp", ranks=RANKS, steps=STEPS, args=["--ddp"])
+        harness.train(self.site, self.daemon, "ddp-again", ranks=RANKS, steps=STEPS,
+                      args=["--ddp"])
+        report = self.diff("ddp-again", reference="ddp")
+        self.assertEqual(report["status"], "identical", json.dumps(report)[:2000])
+        _, group = self.replicas("ddp")
+        self.assertEqual(group["status"], "identical", json.dumps(group)[:3000])
+        self.assertEqual(group["compared"], "replicated_ops")
+        self.assertGreater(group["compared_ops"], 0)
+        harness.train(self.site, self.daemon, "ddp-sdc", ranks=RANKS, steps=STEPS,
+                      fault="sdc:3:2", args=["--ddp"])
+        _, group = self.replicas("ddp-sdc")
+        self.assertEqual(group["status"], "diverged", json.dumps(group)[:3000])
+        self.assertEqual(group["odd_ranks"], [3])
+        self.assertEqual(group["first_divergence"]["step"], 2)
+        line = harness.line_of(TRAIN, "opt.step()")
+        self.assertEqual(group["first_divergence"]["site"]["suspect"]["line"], line)
+
     def test_desynchronized_collective(self):
         env = {"OPGUARD_FLUSH_TIMEOUT_MS": 20000}
         with self.assertRaises(AssertionError):  # the job times out, as a real desync would

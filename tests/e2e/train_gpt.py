@@ -125,7 +125,10 @@ def train(rank, world, args):
     torch.manual_seed(1234)  # same init on every rank, like DDP's broadcast would give
     kind, fault_rank, fault_step = parse_fault(args.fault)
     model_fault = kind if kind in ("reorder", "logging", "swap") and fault_rank in (-1, rank) else ""
-    model = TinyGPT(fault=model_fault)
+    model = core = TinyGPT(fault=model_fault)
+    if args.ddp:  # gradients averaged by DDP's reducer, in C++, during backward
+        from torch.nn.parallel import DistributedDataParallel
+        model = DistributedDataParallel(core)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     gen = torch.Generator().manual_seed(100 + rank)  # each rank its own data shard
     lr_scale = torch.ones(1)
@@ -142,12 +145,13 @@ def train(rank, world, args):
         opt.zero_grad()
         loss.backward()
         if kind == "bitflip" and rank == fault_rank and step == fault_step:
-            flip_bit_in_memory(model.head.weight.grad, index=7, bit=22)
-        for p in model.parameters():  # data-parallel gradient average
-            dist.all_reduce(p.grad)
-            p.grad /= world
+            flip_bit_in_memory(core.head.weight.grad, index=7, bit=22)
+        if not args.ddp:
+            for p in model.parameters():  # data-parallel gradient average
+                dist.all_reduce(p.grad)
+                p.grad /= world
         if kind == "sdc" and rank == fault_rank and step == fault_step:
-            flip_bit_in_memory(model.head.weight.grad, index=7, bit=22)
+            flip_bit_in_memory(core.head.weight.grad, index=7, bit=22)
         opt.step()
         if rank == 0:
             print(f"step {step} loss {loss.item():.6f}", flush=True)
@@ -200,6 +204,9 @@ def main():
     parser.add_argument("--times", default="", help="rank 0 writes its step wall times here")
     parser.add_argument("--hash-every-output", action="store_true",
                         help="hash every op output in a Python TorchDispatchMode (benchmark)")
+    parser.add_argument("--ddp", action="store_true",
+                        help="wrap the model in DistributedDataParallel instead of "
+                             "averaging gradients with dist.all_reduce")
     parser.add_argument("--timeout", type=int, default=60,
                         help="seconds a collective may wait for the other ranks")
     parser.add_argument("--spawn", type=int, default=0,
