@@ -1,6 +1,6 @@
 """Training-step wall time of the end-to-end model (tests/e2e/train_gpt.py,
-2 gloo ranks, CPU) three ways, measured in one run and interleaved so that
-machine noise hits all three alike:
+gloo ranks on the CPU: 2, or --ranks) three ways, measured in one run and
+interleaved so that machine noise hits all three alike:
   plain      no OpGuard
   opguard    OPGUARD=1, recording into a real opguardd (--local, temp dir)
   dispatch   a Python TorchDispatchMode hashing every op output (the approach
@@ -8,7 +8,7 @@ machine noise hits all three alike:
 Prints Google-Benchmark-shaped JSON (scripts/bench.sh renders the table):
 median step time per mode and the ratios to plain.
 
-usage: step_overhead.py BUILD_DIR [--steps N] [--rounds R]
+usage: step_overhead.py BUILD_DIR [--steps N] [--rounds R] [--ranks K]
 """
 import argparse
 import json
@@ -30,6 +30,7 @@ def main():
     parser.add_argument("build")
     parser.add_argument("--steps", type=int, default=25)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--ranks", type=int, default=2)
     args = parser.parse_args()
 
     tmp = tempfile.mkdtemp(prefix="opguard-overhead-")
@@ -71,9 +72,9 @@ def main():
                 env = dict(base_env, **extra_env)
                 if mode == "opguard":
                     env["OPGUARD_RUN"] = f"overhead-{round_}"
-                subprocess.run([PYTHON, TRAIN, "--spawn", "2", "--steps", str(args.steps),
-                                "--times", times, *extra_args], env=env, check=True,
-                               capture_output=True, timeout=900)
+                subprocess.run([PYTHON, TRAIN, "--spawn", str(args.ranks), "--steps",
+                                str(args.steps), "--times", times, *extra_args], env=env,
+                               check=True, capture_output=True, timeout=900)
                 with open(times) as f:
                     samples[mode].extend(json.load(f)[2:])  # first steps warm up
         medians = {mode: statistics.median(values) for mode, values in samples.items()}
@@ -85,7 +86,8 @@ def main():
             if mode != "plain":
                 entry["ratio_to_plain"] = median / medians["plain"]
             benchmarks.append(entry)
-        print(json.dumps({"context": {"steps": args.steps, "rounds": args.rounds, "ranks": 2},
+        print(json.dumps({"context": {"steps": args.steps, "rounds": args.rounds,
+                                      "ranks": args.ranks},
                           "benchmarks": benchmarks}, indent=1))
     finally:
         if daemon is not None:

@@ -4,18 +4,17 @@ Each wrapped call records an Entered record (input fingerprints, taken at
 launch) and, once the collective's work has completed, a Completed record
 with the output fingerprints. For async_op=True the Completed record is taken
 when the caller's work.wait() returns: an async all-reduce's output is not
-final before that. Only host (CPU) tensors are fingerprinted here.
+final before that. The adapter (opguard::collective_* ops) fingerprints the
+host (CPU) tensors; a collective with other tensors is not recorded.
 """
 import ctypes
 import functools
 import inspect
 import os
-import sys
 
 import torch
 import torch.distributed as dist
 
-_AUTO = (1 << 64) - 1
 _KINDS = {  # OPGUARD_COLL_*
     "all_reduce": 1, "broadcast": 2, "reduce": 3, "all_gather": 4, "all_gather_into_tensor": 4,
     "_all_gather_base": 4, "reduce_scatter": 5, "reduce_scatter_tensor": 5, "all_to_all": 6,
@@ -24,69 +23,14 @@ _KINDS = {  # OPGUARD_COLL_*
 _REDUCE = {"SUM": 0, "PRODUCT": 1, "MAX": 2, "MIN": 3, "AVG": 4}
 
 
-class _Tensor(ctypes.Structure):  # opguard_tensor
-    _fields_ = [("fp_lo", ctypes.c_uint64), ("fp_hi", ctypes.c_uint64),
-                ("shape", ctypes.POINTER(ctypes.c_int64)), ("ndim", ctypes.c_uint32),
-                ("dtype", ctypes.c_uint8), ("has_stats", ctypes.c_uint8),
-                ("device", ctypes.c_int16),
-                ("nan_count", ctypes.c_uint64), ("inf_count", ctypes.c_uint64),
-                ("min", ctypes.c_double), ("max", ctypes.c_double),
-                ("sum", ctypes.c_double), ("l2", ctypes.c_double)]
-
-
-class _Collective(ctypes.Structure):  # opguard_collective
-    _fields_ = [("struct_size", ctypes.c_uint32), ("phase", ctypes.c_uint8),
-                ("kind", ctypes.c_uint8), ("dtype", ctypes.c_uint8), ("reduce_op", ctypes.c_uint8),
-                ("communicator", ctypes.c_uint64), ("seq", ctypes.c_uint64),
-                ("count", ctypes.c_uint64), ("root", ctypes.c_int32), ("lane", ctypes.c_uint32),
-                ("op_index", ctypes.c_uint64), ("step", ctypes.c_uint64),
-                ("site", ctypes.c_uint64), ("num_inputs", ctypes.c_uint32),
-                ("num_outputs", ctypes.c_uint32), ("inputs", ctypes.POINTER(_Tensor)),
-                ("outputs", ctypes.POINTER(_Tensor)), ("time_ns", ctypes.c_uint64)]
-
-
 class _Communicator(ctypes.Structure):  # opguard_communicator
     _fields_ = [("struct_size", ctypes.c_uint32), ("size", ctypes.c_uint32),
                 ("id", ctypes.c_uint64), ("name", ctypes.c_char_p),
                 ("ranks", ctypes.POINTER(ctypes.c_uint32))]
 
 
-_DTYPES = {torch.float64: 1, torch.float32: 2, torch.float16: 3, torch.bfloat16: 4,
-           torch.int64: 7, torch.int32: 8, torch.int16: 9, torch.int8: 10, torch.uint8: 11,
-           torch.bool: 12, torch.complex64: 16, torch.complex128: 17}
-_state = {"shim": None, "adapter": None, "installed": False, "comms": {}, "names": {},
-          "user_code": {}, "sites": {}, "reduce_ops": {}}
-
-
-def _fingerprint(tensor, keep):
-    """opguard_tensor for a host tensor, or None if it has no host bytes."""
-    if tensor is None or tensor.device.type != "cpu" or tensor.dtype not in _DTYPES:
-        return None
-    ndim = tensor.dim()
-    array = ctypes.c_int64 * max(1, ndim)
-    shape = array(*tensor.shape)
-    # A contiguous tensor needs no strides (the same bytes, the same digest).
-    strides = None if tensor.is_contiguous() else array(*tensor.stride())
-    out = _Tensor()
-    rc = _state["shim"].opguard_fingerprint_host(tensor.data_ptr() if tensor.numel() else None,
-                                                 _DTYPES[tensor.dtype], shape, ndim, strides,
-                                                 ctypes.byref(out))
-    if rc != 0:
-        return None
-    keep.append(shape)
-    return out
-
-
-def _tensor_array(tensors, keep):
-    prints = []
-    for t in tensors:
-        p = _fingerprint(t, keep)
-        if p is None:
-            return None
-        prints.append(p)
-    array = (_Tensor * max(1, len(prints)))(*prints)
-    keep.append(array)
-    return array, len(prints)
+_state = {"shim": None, "installed": False, "comms": {}, "names": {}, "reduce_ops": {},
+          "ops": None}
 
 
 def _communicator(group):
@@ -101,7 +45,7 @@ def _communicator(group):
     name = "world" if group is dist.group.WORLD or group is None else "pg" + ",".join(map(str, ranks))
     members = (ctypes.c_uint32 * len(ranks))(*ranks)
     comm = _Communicator(ctypes.sizeof(_Communicator), len(ranks), 0, name.encode(), members)
-    comm_id = _state["shim"].opguard_communicator_define(ctypes.byref(comm))
+    comm_id = _as_int64(_state["shim"].opguard_communicator_define(ctypes.byref(comm)))
     _state["comms"][key] = comm_id
     return comm_id
 
@@ -167,79 +111,31 @@ class _CompletingWork:
         return getattr(self._work, name)
 
 
-def _user_site():
-    """Site id of the innermost frame outside torch, OpGuard and the stdlib.
-    Whether a code object is user code (its source file sent once) and the
-    site id of each (code, line) are cached."""
-    frame = sys._getframe(1)
-    user_code, sites = _state["user_code"], _state["sites"]
-    while frame is not None:
-        code = frame.f_code
-        user = user_code.get(code)
-        if user is None:
-            path = code.co_filename
-            user = not path.startswith("<") and not path.startswith(_state["skip"])
-            if user:
-                _state["shim"].opguard_source_file(path.encode(), None, 0)
-            if len(user_code) >= 10000:
-                user_code.clear()
-            user_code[code] = user
-        if user:
-            key = (code, frame.f_lineno)
-            site = sites.get(key)
-            if site is None:
-                site = _state["shim"].opguard_site(code.co_filename.encode(), key[1],
-                                                   code.co_name.encode())
-                if len(sites) >= 10000:
-                    sites.clear()
-                sites[key] = site
-            return site
-        frame = frame.f_back
-    return 0
+def _as_int64(value):
+    """A uint64 id as the int64 a dispatcher op takes (same bits)."""
+    return value - (1 << 64) if value >= (1 << 63) else value
 
 
 def _name_id(name):
     name_id = _state["names"].get(name)
     if name_id is None:
         encoded = name.encode()
-        name_id = _state["shim"].opguard_intern(encoded, len(encoded))
+        name_id = _as_int64(_state["shim"].opguard_intern(encoded, len(encoded)))
         _state["names"][name] = name_id
     return name_id
 
 
-def _record(phase, kind, comm, seq, count, dtype, root, reduce_op, inputs, outputs, site,
-            entered=None, entered_at=None):
-    """Records one phase. The collective is also an op boundary in the rank's
-    op order, so alignment and the pivot walk see it like any other op:
-    "c10d::all_reduce [enter]" holds what the collective consumed (recorded at
-    launch), "c10d::all_reduce" what it produced (recorded once complete);
-    the adapter records both in one call (opguard_torch_record_collective)."""
-    keep = []
-    # Completed records carry the inputs as they were at launch (an in-place
-    # all-reduce has overwritten them by now).
-    ins = entered if entered is not None else _tensor_array(inputs, keep)
-    outs = _tensor_array(outputs, keep)
-    if ins is None or outs is None:
-        return None  # device tensors: the collective is not fingerprinted here
-    rec = _Collective()
-    rec.struct_size = ctypes.sizeof(_Collective)
-    rec.phase, rec.kind, rec.dtype, rec.reduce_op = phase, _KINDS[kind], dtype, reduce_op
-    rec.communicator, rec.seq, rec.count = comm, seq, count
-    rec.root = root if isinstance(root, int) else -1
-    # Entered: the adapter sets op_index to where the collective was issued
-    # (after its [enter] boundary); Completed repeats that position, so both
-    # phases sit at the same place in the rank's op order (causality compares
-    # positions).
-    rec.op_index = _AUTO if phase == 1 else entered_at
-    rec.step, rec.site = _AUTO, site
-    rec.num_inputs, rec.inputs = ins[1], ins[0]
-    rec.num_outputs, rec.outputs = outs[1], outs[0]
-    name = f"c10d::{kind} [enter]" if phase == 1 else f"c10d::{kind}"
-    seq_out = ctypes.c_uint64(0)
-    if _state["adapter"].opguard_torch_record_collective(ctypes.byref(rec), _name_id(name),
-                                                         ctypes.byref(seq_out)) != 0:
-        return None
-    return seq_out.value, ins, rec.op_index
+def _ops():
+    """The adapter's dispatcher ops (registered when recording is enabled):
+    they take the tensors themselves, fingerprint them, find the call site
+    (the innermost frame outside torch, OpGuard and the stdlib) and record
+    the op boundary and the collective record of one phase."""
+    ops = _state.get("ops")
+    if ops is None:
+        ops = (torch.ops.opguard.collective_enter.default,
+               torch.ops.opguard.collective_complete.default)
+        _state["ops"] = ops
+    return ops
 
 
 def _binder(original):
@@ -280,30 +176,33 @@ def _binder(original):
 
 def _wrap(kind, original):
     bind = _binder(original)
+    code = _KINDS[kind]
+    names = []  # interned "c10d::<kind> [enter]" and "c10d::<kind>", on first use
 
     @functools.wraps(original)
     def wrapper(*args, **kwargs):
+        # The Entered record (input fingerprints at launch) and, once the
+        # work has completed, the Completed record (outputs): the adapter
+        # builds both (see _ops) and keeps what Completed repeats under the
+        # token Entered returns (0: nothing recorded).
         try:
             arguments = bind(args, kwargs)
             inputs, outputs, root, reduce_op = _split(kind, arguments)
             comm = _communicator(arguments.get("group"))
-            first = (inputs or outputs or [None])[0]
-            dtype = _DTYPES.get(getattr(first, "dtype", None), 0)
-            count = first.numel() if first is not None else 0
-            site = _user_site()
-            entered = _record(1, kind, comm, _AUTO, count, dtype, root, reduce_op, inputs, [],
-                              site)
+            if not names:
+                names.extend((_name_id(f"c10d::{kind} [enter]"), _name_id(f"c10d::{kind}")))
+            enter, complete_op = _ops()
+            token = enter(inputs, outputs, code, comm, root if isinstance(root, int) else -1,
+                          reduce_op, names[0])
         except Exception:
-            entered = None
+            token = 0
         work = original(*args, **kwargs)
-        if entered is None:
+        if not token:
             return work
-        seq, entered_inputs, entered_at = entered
 
         def complete():
             try:
-                _record(0, kind, comm, seq, count, dtype, root, reduce_op, inputs, outputs, site,
-                        entered_inputs, entered_at)
+                complete_op(token, outputs, names[1])
             except Exception:
                 pass
 
@@ -316,27 +215,14 @@ def _wrap(kind, original):
     return wrapper
 
 
-def install(shim, adapter, skip_prefixes):
+def install(shim):
     """Wraps torch.distributed's collectives (once per process)."""
     if _state["installed"]:
         return
-    _state["shim"], _state["adapter"] = shim, adapter
-    _state["skip"] = tuple(p for p in skip_prefixes.split(":") if p)
+    _state["shim"] = shim
     shim.opguard_intern.restype = ctypes.c_uint64
     shim.opguard_intern.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
-    shim.opguard_site.restype = ctypes.c_uint64
-    shim.opguard_site.argtypes = [ctypes.c_char_p, ctypes.c_uint32, ctypes.c_char_p]
-    shim.opguard_source_file.restype = ctypes.c_uint64
-    shim.opguard_source_file.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t]
-    adapter.opguard_torch_record_collective.argtypes = [
-        ctypes.POINTER(_Collective), ctypes.c_uint64, ctypes.POINTER(ctypes.c_uint64)]
-    adapter.opguard_torch_record_collective.restype = ctypes.c_int
-    shim.opguard_fingerprint_host.argtypes = [
-        ctypes.c_void_p, ctypes.c_uint8, ctypes.POINTER(ctypes.c_int64), ctypes.c_uint32,
-        ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(_Tensor)]
     shim.opguard_communicator_define.restype = ctypes.c_uint64
-    shim.opguard_record_collective.argtypes = [ctypes.POINTER(_Collective),
-                                               ctypes.POINTER(ctypes.c_uint64)]
     for kind in _KINDS:
         original = getattr(dist, kind, None)
         if original is None or hasattr(original, "__opguard_wrapped__"):

@@ -21,6 +21,7 @@
 // failure logs once and stops recording; training goes on.
 #include <ATen/ATen.h>
 #include <c10/util/SmallVector.h>
+#include <torch/library.h>
 
 #include <algorithm>
 #include <atomic>
@@ -249,6 +250,10 @@ struct ThreadState {
   UninitialisedStorages uninitialised;
   NameIds names;
   std::vector<uint8_t> gather;  // strided tensors in logical order (GatherLogical)
+  uint64_t nested_calls = 0;    // FUNCTION scopes opened below depth 0, ever
+  // Whether ops run other ops inside themselves, by the address of their
+  // name: 1 seen without nested ops, 2 seen with (see OnFunctionStart).
+  std::unordered_map<const char*, uint8_t> nests;
 };
 thread_local ThreadState t_state;
 
@@ -312,6 +317,8 @@ class OpContext final : public at::ObserverContext {
   bool backward = false;
   bool uninitialised_output = false;
   bool reenable_record_function = false;  // nested ops were switched off at start
+  bool learn_nesting = false;  // RecordFunction left on: see whether nested ops run
+  uint64_t nested_calls_at_start = 0;
   bool replicated = false;  // in Optimizer.step or opguard.replicated() at start
   uint64_t name = 0;
   uint64_t site = 0;
@@ -612,6 +619,7 @@ void ForgetTensors(const c10::IValue& v, ThreadState& ts) {
 std::unique_ptr<at::ObserverContext> OnFunctionStart(const at::RecordFunction& fn, ThreadState& ts) {
   if (IsEngineWrapper(fn)) return nullptr;
   int depth = ts.depth++;
+  if (depth > 0) ++ts.nested_calls;
   if (!g_recording.load(std::memory_order_relaxed)) return nullptr;
   // c10d's dispatcher ops (c10d::allreduce_, ...) return as soon as the work
   // is queued: their outputs are not final at op end, so fingerprinting them
@@ -625,6 +633,8 @@ std::unique_ptr<at::ObserverContext> OnFunctionStart(const at::RecordFunction& f
     for (const c10::IValue& v : fn.inputs()) ForgetTensors(v, ts);
     return nullptr;
   }
+  // OpGuard's own collective ops (RegisterCollectiveOps) record themselves.
+  if (std::strncmp(fn.name(), "opguard::", 9) == 0) return nullptr;
   bool in_backward = ts.backward_nodes > 0;
   if (depth != 0 && !g_all_depths.load(std::memory_order_relaxed)) return nullptr;
   if (ts.cache_step != g_step.load(std::memory_order_relaxed)) {
@@ -649,10 +659,20 @@ std::unique_ptr<at::ObserverContext> OnFunctionStart(const at::RecordFunction& f
   // switching RecordFunction off on this thread until the op ends spares
   // them the boxing of their inputs and outputs and both callbacks. Not
   // while another observer (torch.profiler) is registered on this thread,
-  // or was registered globally before us: it still sees every op.
+  // or was registered globally before us: it still sees every op. The
+  // switch costs more than it saves for ops that run no others (add_, mm),
+  // so an op is switched only once its name has been seen running nested
+  // ops (learnt while it runs with RecordFunction on). A wrong guess costs
+  // time, never a record: nested ops are not recorded either way.
   if (g_skip_nested.load(std::memory_order_relaxed) && !at::hasThreadLocalCallbacks()) {
-    at::enableRecordFunction(false);
-    ctx->reenable_record_function = true;
+    auto it = ts.nests.find(fn.name());
+    if (it != ts.nests.end() && it->second == 2) {
+      at::enableRecordFunction(false);
+      ctx->reenable_record_function = true;
+    } else {
+      ctx->learn_nesting = true;
+      ctx->nested_calls_at_start = ts.nested_calls;
+    }
   }
   return ctx;
 }
@@ -661,6 +681,9 @@ void OnFunctionEnd(const at::RecordFunction& fn, OpContext* ctx, ThreadState& ts
   if (ctx != nullptr && ctx->reenable_record_function) {
     at::enableRecordFunction(true);
     ctx->reenable_record_function = false;
+  } else if (ctx != nullptr && ctx->learn_nesting) {
+    if (ts.nests.size() >= 4096) ts.nests.clear();
+    ts.nests.insert_or_assign(fn.name(), ts.nested_calls != ctx->nested_calls_at_start ? 2 : 1);
   }
   if (IsEngineWrapper(fn)) return;
   --ts.depth;
@@ -771,6 +794,185 @@ bool KeepNestedOps() {
   return true;
 }
 
+// One phase of a collective in one call: the op boundary in the calling
+// thread's lane ("c10d::<kind> [enter]" holding the inputs, or
+// "c10d::<kind>" with the launch inputs and the outputs), then the collective
+// record. `rec->lane` is set here; for Entered, `rec->op_index` is set to the
+// lane position after the boundary (where the collective was issued), for
+// Completed the caller repeats it. Collective boundaries are never flagged
+// replicated: their inputs are each rank's own.
+int RecordCollective(opguard_collective* rec, uint64_t op_name, uint64_t* seq) {
+  const uint32_t lane = LaneOf(t_state);
+  c10::SmallVector<opguard_value, 8> values(rec->num_inputs);
+  for (uint32_t i = 0; i < rec->num_inputs; ++i) {
+    std::memset(&values[i], 0, sizeof(opguard_value));
+    values[i].kind = OPGUARD_VALUE_TENSOR;
+    values[i].tensor = rec->inputs[i];
+  }
+  const bool entered = rec->phase == OPGUARD_PHASE_ENTERED;
+  opguard_op op;
+  std::memset(&op, 0, sizeof(op));
+  op.struct_size = sizeof(op);
+  op.lane = lane;
+  op.op_index = OPGUARD_AUTO;
+  op.name = op_name;
+  op.site = rec->site;
+  op.num_inputs = rec->num_inputs;
+  op.inputs = values.data();
+  op.num_outputs = entered ? rec->num_inputs : rec->num_outputs;
+  op.outputs = entered ? rec->inputs : rec->outputs;
+  opguard_record_op(&op, nullptr);
+  rec->lane = lane;
+  if (entered) rec->op_index = opguard_lane_position(lane);
+  return opguard_record_collective(rec, seq);
+}
+
+// Collectives launched and not yet completed, by token: what their
+// Completed record repeats (the launch inputs, seq, position). Completion
+// may come on another thread (work.wait() there). Bounded: a collective whose
+// work is never waited for is forgotten after enough others.
+struct PendingCollective {
+  opguard_collective rec;
+  c10::SmallVector<opguard_tensor, 4> inputs;  // shapes as offsets into dims
+  c10::SmallVector<int64_t, 16> dims;
+};
+std::mutex g_pending_mu;
+std::unordered_map<int64_t, PendingCollective>* g_pending =
+    new std::unordered_map<int64_t, PendingCollective>();
+int64_t g_next_token = 1;
+
+// Fingerprints `tensors` from their bytes into ctx.outputs (shapes into
+// ctx.dims); false if one has no host bytes. Never from the cache: an
+// Entered record must show memory changed behind torch's back (a bit flipped
+// in a gradient before its all-reduce), a Completed one the bytes the
+// collective wrote. The results are cached for the ops that read them next.
+bool FingerprintAll(at::TensorList tensors, OpContext& ctx, ThreadState& ts) {
+  for (const at::Tensor& t : tensors) {
+    opguard_tensor out;
+    if (!FingerprintTensor(t, ctx, ts, &out, /*cached=*/false)) return false;
+    ctx.outputs.push_back(out);
+  }
+  return true;
+}
+
+void BeginCacheStep(ThreadState& ts) {
+  if (ts.cache_step != g_step.load(std::memory_order_relaxed)) {
+    ts.cache.Clear();
+    ts.cache_step = g_step.load(std::memory_order_relaxed);
+  }
+}
+
+// opguard::collective_enter: records the Entered phase of a collective about
+// to be launched from Python (python/opguard/_collectives.py) and returns the
+// token its completion passes back, or 0 when nothing was recorded (not
+// recording, a tensor without host bytes, any failure). `outputs` only give
+// the dtype and count when there are no inputs (recv). `communicator` and
+// `name` are the uint64 ids as int64.
+int64_t CollectiveEnter(at::TensorList inputs, at::TensorList outputs, int64_t kind,
+                        int64_t communicator, int64_t root, int64_t reduce_op, int64_t name) {
+  try {
+    if (!g_recording.load(std::memory_order_relaxed)) return 0;
+    ThreadState& ts = t_state;
+    BeginCacheStep(ts);
+    OpContext ctx;
+    if (!FingerprintAll(inputs, ctx, ts)) return 0;
+    for (opguard_tensor& t : ctx.outputs) ctx.ResolveTensor(t);
+    const at::Tensor* first =
+        !inputs.empty() ? &inputs[0] : (!outputs.empty() ? &outputs[0] : nullptr);
+    opguard_collective rec;
+    std::memset(&rec, 0, sizeof(rec));
+    rec.struct_size = sizeof(rec);
+    rec.phase = OPGUARD_PHASE_ENTERED;
+    rec.kind = static_cast<uint8_t>(kind);
+    rec.dtype = first != nullptr ? ToOpGuardDType(first->scalar_type()) : 0;
+    rec.reduce_op = static_cast<uint8_t>(reduce_op);
+    rec.communicator = static_cast<uint64_t>(communicator);
+    rec.seq = OPGUARD_AUTO;
+    rec.count = first != nullptr ? static_cast<uint64_t>(first->numel()) : 0;
+    rec.root = static_cast<int32_t>(root);
+    rec.op_index = OPGUARD_AUTO;
+    rec.step = OPGUARD_AUTO;
+    rec.site = FindUserSite().site;
+    rec.num_inputs = static_cast<uint32_t>(ctx.outputs.size());
+    rec.inputs = ctx.outputs.data();
+    uint64_t seq = 0;
+    if (RecordCollective(&rec, static_cast<uint64_t>(name), &seq) != OPGUARD_OK) return 0;
+    rec.seq = seq;
+    PendingCollective pending{rec, {}, {}};
+    pending.inputs.assign(ctx.outputs.begin(), ctx.outputs.end());
+    pending.dims.assign(ctx.dims.begin(), ctx.dims.end());
+    for (opguard_tensor& t : pending.inputs) {
+      t.shape = OpContext::AsOffset(static_cast<size_t>(t.shape - ctx.dims.data()));
+    }
+    std::lock_guard<std::mutex> lock(g_pending_mu);
+    if (g_pending->size() >= 4096) g_pending->clear();
+    const int64_t token = g_next_token++;
+    g_pending->emplace(token, std::move(pending));
+    return token;
+  } catch (const std::exception& e) {
+    DisableOnce(e.what());
+  } catch (...) {
+    DisableOnce("unknown error recording a collective");
+  }
+  return 0;
+}
+
+// opguard::collective_complete: the Completed phase of the collective
+// `token` names, once its work has completed; outputs fingerprinted now.
+// 1 if recorded.
+int64_t CollectiveComplete(int64_t token, at::TensorList outputs, int64_t name) {
+  try {
+    PendingCollective pending;
+    {
+      std::lock_guard<std::mutex> lock(g_pending_mu);
+      auto it = g_pending->find(token);
+      if (it == g_pending->end()) return 0;
+      pending = std::move(it->second);
+      g_pending->erase(it);
+    }
+    if (!g_recording.load(std::memory_order_relaxed)) return 0;
+    ThreadState& ts = t_state;
+    BeginCacheStep(ts);
+    OpContext ctx;
+    if (!FingerprintAll(outputs, ctx, ts)) return 0;
+    for (opguard_tensor& t : ctx.outputs) ctx.ResolveTensor(t);
+    for (opguard_tensor& t : pending.inputs) {
+      t.shape = pending.dims.data() + reinterpret_cast<uintptr_t>(t.shape);
+    }
+    opguard_collective& rec = pending.rec;
+    rec.phase = OPGUARD_PHASE_COMPLETED;
+    rec.num_inputs = static_cast<uint32_t>(pending.inputs.size());
+    rec.inputs = pending.inputs.data();
+    rec.num_outputs = static_cast<uint32_t>(ctx.outputs.size());
+    rec.outputs = ctx.outputs.data();
+    uint64_t seq = 0;
+    return RecordCollective(&rec, static_cast<uint64_t>(name), &seq) == OPGUARD_OK ? 1 : 0;
+  } catch (const std::exception& e) {
+    DisableOnce(e.what());
+  } catch (...) {
+    DisableOnce("unknown error recording a collective");
+  }
+  return 0;
+}
+
+// Registers opguard::collective_enter and opguard::collective_complete with
+// the dispatcher (once), so that Python hands the tensors themselves to the
+// adapter: torch.ops.opguard.collective_enter(...). Throws if the namespace
+// is taken.
+void RegisterCollectiveOps() {
+  static torch::Library* library = [] {
+    auto* lib = new torch::Library(torch::Library::DEF, "opguard", c10::nullopt, __FILE__,
+                                   __LINE__);
+    lib->def("collective_enter(Tensor[] inputs, Tensor[] outputs, int kind, int communicator, "
+             "int root, int reduce_op, int name) -> int",
+             &CollectiveEnter);
+    lib->def("collective_complete(int token, Tensor[] outputs, int name) -> int",
+             &CollectiveComplete);
+    return lib;
+  }();
+  (void)library;
+}
+
 }  // namespace
 }  // namespace opguard::torch_adapter
 
@@ -791,7 +993,9 @@ __attribute__((visibility("default"))) int opguard_torch_enable(int all_depths,
     }
     SetSkippedPathPrefixes(std::move(prefixes));
     g_all_depths.store(all_depths != 0);
-    if (!g_registered.exchange(true)) {
+    if (!g_registered.load()) {
+      RegisterCollectiveOps();
+      g_registered.store(true);
       g_main_thread = std::this_thread::get_id();
       g_foreign_global_observer = at::hasGlobalCallbacks();
       g_handle = at::addGlobalCallback(
@@ -831,45 +1035,6 @@ __attribute__((visibility("default"))) int opguard_torch_replicated_end(void) {
   ThreadState& ts = t_state;
   if (ts.replicated_regions > 0) --ts.replicated_regions;
   return ts.replicated_regions;
-}
-
-// One phase of a collective recorded from Python (python/opguard/_collectives.py)
-// in one call: the op boundary in the calling thread's lane ("c10d::<kind>
-// [enter]" holding the inputs, or "c10d::<kind>" with the launch inputs and
-// the outputs), then the collective record. `rec->lane` is set here; for
-// Entered, `rec->op_index` is set to the lane position after the boundary
-// (where the collective was issued), for Completed the caller repeats it.
-__attribute__((visibility("default"))) int opguard_torch_record_collective(opguard_collective* rec,
-                                                                          uint64_t op_name,
-                                                                          uint64_t* seq) {
-  try {
-    if (rec == nullptr) return OPGUARD_ERR_INVALID;
-    const uint32_t lane = LaneOf(t_state);
-    c10::SmallVector<opguard_value, 8> values(rec->num_inputs);
-    for (uint32_t i = 0; i < rec->num_inputs; ++i) {
-      std::memset(&values[i], 0, sizeof(opguard_value));
-      values[i].kind = OPGUARD_VALUE_TENSOR;
-      values[i].tensor = rec->inputs[i];
-    }
-    const bool entered = rec->phase == OPGUARD_PHASE_ENTERED;
-    opguard_op op;
-    std::memset(&op, 0, sizeof(op));
-    op.struct_size = sizeof(op);
-    op.lane = lane;
-    op.op_index = OPGUARD_AUTO;
-    op.name = op_name;
-    op.site = rec->site;
-    op.num_inputs = rec->num_inputs;
-    op.inputs = values.data();
-    op.num_outputs = entered ? rec->num_inputs : rec->num_outputs;
-    op.outputs = entered ? rec->inputs : rec->outputs;
-    opguard_record_op(&op, nullptr);
-    rec->lane = lane;
-    if (entered) rec->op_index = opguard_lane_position(lane);
-    return opguard_record_collective(rec, seq);
-  } catch (...) {
-    return OPGUARD_ERR_INVALID;
-  }
 }
 
 // The current step and the calling thread's lane (collectives recorded from
