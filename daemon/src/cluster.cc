@@ -120,6 +120,23 @@ NodeInfo PeerFailure(const PeerCall& c, const Status& st) {
   return n;
 }
 
+// The message of type T in the peer's `answer` (c.answer.get()). No answer,
+// or one of another type: the peer's failure goes to `part`'s nodes and notes
+// and the result is null.
+template <typename T, typename Part>
+const T* AnswerOf(const PeerCall& c, Result<Answer>& answer, Part& part) {
+  const T* a = nullptr;
+  if (answer.ok()) {
+    a = answer->envelope()->template message_as<T>();
+    if (a == nullptr) answer = DataLoss("unexpected answer type");
+  }
+  if (!answer.ok()) {
+    part.nodes.push_back(PeerFailure(c, answer.status()));
+    part.notes.push_back("peer " + c.endpoint + " did not answer: " + answer.status().message());
+  }
+  return a;
+}
+
 std::chrono::milliseconds PeerTimeout(uint32_t ms) {
   return ms == 0 ? kDefaultPeerTimeout : std::chrono::milliseconds(ms);
 }
@@ -363,16 +380,8 @@ Result<std::string> ClusterQueries::Diff(const wire::DiffRequest& q) {
 
   for (auto& c : calls) {
     auto answer = c.answer.get();
-    if (!answer.ok()) {
-      part.nodes.push_back(PeerFailure(c, answer.status()));
-      part.notes.push_back("peer " + c.endpoint + " did not answer: " + answer.status().message());
-      continue;
-    }
-    const auto* a = answer->envelope()->message_as_DiffAnswer();
-    if (a == nullptr) {
-      part.nodes.push_back(PeerFailure(c, DataLoss("unexpected answer type")));
-      continue;
-    }
+    const auto* a = AnswerOf<wire::DiffAnswer>(c, answer, part);
+    if (a == nullptr) continue;
     auto peer_nodes = NodesFromWire(a->nodes());
     NodeInfo n = peer_nodes.empty() ? NodeInfo{} : peer_nodes.front();
     n.endpoint = c.endpoint;
@@ -457,16 +466,8 @@ Result<std::string> ClusterQueries::Collectives(const wire::CollectivesRequest& 
   bool anyone_knows = part.knows_run;
   for (auto& c : calls) {
     auto answer = c.answer.get();
-    const wire::CollectivesAnswer* a = nullptr;
-    if (answer.ok()) {
-      a = answer->envelope()->message_as_CollectivesAnswer();
-      if (a == nullptr) answer = DataLoss("unexpected answer type");
-    }
-    if (!answer.ok()) {
-      part.nodes.push_back(PeerFailure(c, answer.status()));
-      part.notes.push_back("peer " + c.endpoint + " did not answer: " + answer.status().message());
-      continue;
-    }
+    const auto* a = AnswerOf<wire::CollectivesAnswer>(c, answer, part);
+    if (a == nullptr) continue;
     auto peer_nodes = NodesFromWire(a->nodes());
     NodeInfo n = peer_nodes.empty() ? NodeInfo{} : peer_nodes.front();
     n.endpoint = c.endpoint;
@@ -545,16 +546,8 @@ Result<std::string> ClusterQueries::Ranks(const wire::RanksRequest& q) {
   }
   for (auto& c : calls) {
     auto answer = c.answer.get();
-    const wire::RanksAnswer* a = nullptr;
-    if (answer.ok()) {
-      a = answer->envelope()->message_as_RanksAnswer();
-      if (a == nullptr) answer = DataLoss("unexpected answer type");
-    }
-    if (!answer.ok()) {
-      part.nodes.push_back(PeerFailure(c, answer.status()));
-      part.notes.push_back("peer " + c.endpoint + " did not answer: " + answer.status().message());
-      continue;
-    }
+    const auto* a = AnswerOf<wire::RanksAnswer>(c, answer, part);
+    if (a == nullptr) continue;
     if (a->collectives()) {
       auto peer_nodes = NodesFromWire(a->collectives()->nodes());
       NodeInfo n = peer_nodes.empty() ? NodeInfo{} : peer_nodes.front();
