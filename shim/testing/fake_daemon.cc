@@ -176,6 +176,7 @@ void FakeDaemon::Handle(const zmq::message_t& id, const zmq::message_t& msg, std
             r.site = op->site();
             r.seq_nr = op->seq_nr();
             r.backward = op->backward();
+            r.replicated = op->replicated();
             r.inputs = op->inputs() != nullptr ? op->inputs()->size() : 0;
             r.outputs = op->outputs() != nullptr ? op->outputs()->size() : 0;
             if (r.outputs != 0 && op->outputs()->Get(0)->fingerprint() != nullptr) {

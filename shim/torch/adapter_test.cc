@@ -1,137 +1,42 @@
 // The PyTorch adapter in a real Python process (Debian's torch, CPU), with
-// OPGUARD=1 and the staged `opguard` package, recording into a ZeroMQ ROUTER
-// written here that verifies and acknowledges every batch and keeps the op
-// records, so their fields can be checked one by one.
+// OPGUARD=1 and the staged `opguard` package, recording into the shim's fake
+// daemon (verifies and acknowledges every batch, keeps the op records), so
+// their fields can be checked one by one.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
-#include <chrono>
-#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <mutex>
 #include <sstream>
 #include <string>
-#include <thread>
+#include <utility>
 #include <vector>
-#include <zmq.hpp>
 
-#include "opguard/idl/envelope.h"
+#include "fake_daemon.h"
 
 namespace opguard::torch_adapter {
 namespace {
 
-namespace w = opguard::wire;
+using shim::testing::FakeDaemon;
+using shim::testing::ReceivedOp;
 
-struct Op {
-  uint32_t lane = 0;
-  uint64_t op_index = 0;
-  uint64_t step = 0;
-  uint64_t name_id = 0;
-  std::string name;  // resolved by Ingest::Ops()
-  bool backward = false;
-  bool replicated = false;
-};
-
-// Receives batches on `endpoint` until stopped, acknowledging each one.
-class Ingest {
- public:
-  explicit Ingest(std::string endpoint) : endpoint_(std::move(endpoint)) {
-    sock_.set(zmq::sockopt::linger, 0);
-    sock_.bind(endpoint_);
-    thread_ = std::thread([this] { Serve(); });
+// The ops of lane 0 (the training thread; CPU backward runs there too) in op
+// order, with their names.
+std::vector<std::pair<ReceivedOp, std::string>> Lane0Ops(FakeDaemon& ingest) {
+  auto received = ingest.Snapshot();
+  std::vector<std::pair<ReceivedOp, std::string>> out;
+  for (const ReceivedOp& op : received.ops) {
+    if (op.lane != 0) continue;
+    auto it = received.strings.find(op.name);
+    out.emplace_back(op, it != received.strings.end() ? it->second : "?");
   }
-  ~Ingest() {
-    stop_ = true;
-    thread_.join();
-  }
-
-  // The ops received so far, lane by lane in op order, names resolved.
-  std::vector<Op> Ops() {
-    std::lock_guard<std::mutex> lock(mu_);
-    std::vector<Op> out;
-    for (const auto& [key, op] : ops_) {
-      Op copy = op;
-      auto it = strings_.find(copy.name_id);
-      copy.name = it != strings_.end() ? it->second : "?";
-      out.push_back(copy);
-    }
-    return out;
-  }
-  int invalid() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return invalid_;
-  }
-
- private:
-  void Serve() {
-    while (!stop_) {
-      zmq_pollitem_t item{sock_.handle(), 0, ZMQ_POLLIN, 0};
-      zmq::poll(&item, 1, std::chrono::milliseconds(10));
-      zmq::message_t id, msg;
-      while (!stop_ && sock_.recv(id, zmq::recv_flags::dontwait)) {
-        if (!id.more() || !sock_.recv(msg, zmq::recv_flags::none)) continue;
-        Handle(id, msg);
-      }
-    }
-  }
-
-  void Handle(const zmq::message_t& id, const zmq::message_t& msg) {
-    w::AlignedStorage aligned;
-    auto env = w::OpenEnvelope(msg.data(), msg.size(), aligned);
-    if (!env.ok() || (*env)->message_type() != w::Message::Batch) {
-      std::lock_guard<std::mutex> lock(mu_);
-      ++invalid_;
-      return;
-    }
-    const w::Batch* b = (*env)->message_as_Batch();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (b->strings() != nullptr) {
-        for (const auto* s : *b->strings()) strings_[s->id()] = s->text()->str();
-      }
-      if (b->ops() != nullptr) {
-        for (const auto* r : *b->ops()) {
-          Op op;
-          op.lane = r->lane();
-          op.op_index = r->op_index();
-          op.step = r->step();
-          op.name_id = r->name();
-          op.backward = r->backward();
-          op.replicated = r->replicated();
-          ops_[{op.lane, op.op_index}] = op;  // a resent batch overwrites
-        }
-      }
-    }
-    flatbuffers::FlatBufferBuilder fbb(256);
-    auto run = fbb.CreateString(b->run()->string_view());
-    w::AckBuilder ab(fbb);
-    ab.add_run(run);
-    ab.add_rank(b->rank());
-    ab.add_session(b->session());
-    ab.add_seq(b->seq());
-    ab.add_code(w::AckCode::Durable);
-    w::FinishEnvelope(fbb, ab.Finish());
-    zmq::message_t reply_id(id.data(), id.size());
-    zmq::message_t reply(fbb.GetBufferPointer(), fbb.GetSize());
-    (void)sock_.send(reply_id, zmq::send_flags::sndmore | zmq::send_flags::dontwait);
-    (void)sock_.send(reply, zmq::send_flags::dontwait);
-  }
-
-  const std::string endpoint_;
-  zmq::context_t ctx_{1};
-  zmq::socket_t sock_{ctx_, zmq::socket_type::router};
-  std::atomic<bool> stop_{false};
-  std::thread thread_;
-  std::mutex mu_;
-  std::map<uint64_t, std::string> strings_;
-  std::map<std::pair<uint32_t, uint64_t>, Op> ops_;
-  int invalid_ = 0;
-};
+  std::sort(out.begin(), out.end(),
+            [](const auto& a, const auto& b) { return a.first.op_index < b.first.op_index; });
+  return out;
+}
 
 class AdapterTest : public ::testing::Test {
  protected:
@@ -169,38 +74,37 @@ class AdapterTest : public ::testing::Test {
 // are not.
 TEST_F(AdapterTest, OptimizerStepAndReplicatedRegionOpsAreFlagged) {
   const std::string endpoint = "ipc://" + dir_ + "/ingest.sock";
-  Ingest ingest(endpoint);
+  FakeDaemon ingest(endpoint);
+  ASSERT_TRUE(ingest.Start());
   ASSERT_EQ(RunPython(OPGUARD_ADAPTER_TESTDATA "/replicated_train.py", endpoint), 0) << log_;
-  EXPECT_EQ(ingest.invalid(), 0);
+  EXPECT_EQ(ingest.Snapshot().invalid, 0u);
 
-  std::vector<Op> ops;
-  for (const Op& op : ingest.Ops()) {
-    if (op.lane == 0) ops.push_back(op);  // the training thread (CPU: backward too)
-  }
+  const auto ops = Lane0Ops(ingest);
   ASSERT_FALSE(ops.empty()) << log_;
-  for (size_t i = 0; i < ops.size(); ++i) ASSERT_EQ(ops[i].op_index, i) << "missing ops";
+  for (size_t i = 0; i < ops.size(); ++i) ASSERT_EQ(ops[i].first.op_index, i) << "missing ops";
 
   for (uint64_t step = 0; step < 2; ++step) {
     // Within a step: forward ops, backward ops, then the optimizer's ops (the
     // step ends with Optimizer.step).
     size_t first = ops.size(), last_backward = ops.size(), end = 0;
     for (size_t i = 0; i < ops.size(); ++i) {
-      if (ops[i].step != step) continue;
+      if (ops[i].first.step != step) continue;
       first = std::min(first, i);
       end = i + 1;
-      if (ops[i].backward) last_backward = i;
+      if (ops[i].first.backward) last_backward = i;
     }
     ASSERT_LT(first, end) << "no ops in step " << step;
     ASSERT_LT(last_backward, end) << "no backward ops in step " << step;
     std::ostringstream listing;  // for failure messages
     for (size_t i = first; i < end; ++i) {
-      listing << "\n  " << i << " " << ops[i].name << (ops[i].backward ? " backward" : "")
-              << (ops[i].replicated ? " replicated" : "");
+      const auto& [op, name] = ops[i];
+      listing << "\n  " << i << " " << name << (op.backward ? " backward" : "")
+              << (op.replicated ? " replicated" : "");
     }
     size_t forward = 0, backward = 0, updates = 0;
     bool in_step = false;
     for (size_t i = first; i < end; ++i) {
-      const Op& op = ops[i];
+      const auto& [op, name] = ops[i];
       if (i <= last_backward) {
         EXPECT_FALSE(op.replicated) << "step " << step << " op " << i << listing.str();
         ++(op.backward ? backward : forward);
@@ -209,10 +113,10 @@ TEST_F(AdapterTest, OptimizerStepAndReplicatedRegionOpsAreFlagged) {
       // Torch 1.13's record_function makes its handle (aten::zeros) before
       // the Optimizer.step scope opens; every op from the scope's first on is
       // the optimizer's.
-      in_step = in_step || op.name != "aten::zeros";
+      in_step = in_step || name != "aten::zeros";
       EXPECT_EQ(op.replicated, in_step) << "step " << step << " op " << i << listing.str();
-      EXPECT_FALSE(op.backward) << op.name;
-      if (op.name == "aten::add_") ++updates;
+      EXPECT_FALSE(op.backward) << name;
+      if (name == "aten::add_") ++updates;
     }
     EXPECT_GT(forward, 3u) << "step " << step;
     EXPECT_GT(backward, 3u) << "step " << step;
@@ -222,8 +126,8 @@ TEST_F(AdapterTest, OptimizerStepAndReplicatedRegionOpsAreFlagged) {
   }
 
   std::map<std::string, int> after;  // ops after the last step: name -> replicated
-  for (const Op& op : ops) {
-    if (op.step == 2) after[op.name] = op.replicated ? 1 : 0;
+  for (const auto& [op, name] : ops) {
+    if (op.step == 2) after[name] = op.replicated ? 1 : 0;
   }
   ASSERT_TRUE(after.count("aten::sin") && after.count("aten::tan") && after.count("aten::cos"))
       << log_;
