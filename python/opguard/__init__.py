@@ -80,7 +80,7 @@ def enable(depth=None):
             return False
         _determinism.apply(shim)
         skip = _skip_prefixes()
-        _collectives.install(shim)
+        _collectives.install(shim, adapter)
         shim.opguard_set_run_info(1, b"", b"pytorch")
         shim.opguard_set_run_info(3, b"torch", torch.__version__.encode())
         shim.opguard_set_run_info(3, b"python", sys.version.split()[0].encode())

@@ -1,11 +1,22 @@
 """torch.distributed collectives as OpGuard collective records.
 
-Each wrapped call records an Entered record (input fingerprints, taken at
-launch) and, once the collective's work has completed, a Completed record
-with the output fingerprints. For async_op=True the Completed record is taken
-when the caller's work.wait() returns: an async all-reduce's output is not
-final before that. The adapter (opguard::collective_* ops) fingerprints the
-host (CPU) tensors; a collective with other tensors is not recorded.
+Most collectives reach c10d's dispatcher ops (c10d::allreduce_, ...), and
+the adapter records them there, in C++ (shim/torch/adapter.cc): an Entered
+record (inputs fingerprinted at launch) and, once the work has completed, a
+Completed record with the output fingerprints. That covers the collectives
+DDP's reducer issues from C++ as well. What this module adds:
+
+  * the communicator of each process group: torch's default group is the
+    world; a subgroup is announced to the adapter the first time a wrapped
+    call (or DistributedDataParallel's constructor) uses it;
+  * the torch.distributed functions that do not go through c10d's
+    dispatcher in the installed torch (all_gather_into_tensor and friends in
+    torch 1.13) are recorded here: Entered before the call, Completed after
+    it returns or, for async_op=True, when the caller's work.wait() returns
+    (an async all-reduce's output is not final before that).
+
+The adapter fingerprints host (CPU) tensors; a collective with other tensors
+is not recorded.
 """
 import ctypes
 import functools
@@ -29,8 +40,18 @@ class _Communicator(ctypes.Structure):  # opguard_communicator
                 ("ranks", ctypes.POINTER(ctypes.c_uint32))]
 
 
-_state = {"shim": None, "installed": False, "comms": {}, "names": {}, "reduce_ops": {},
-          "ops": None}
+# torch.distributed function -> the c10d dispatcher op it calls.
+_DISPATCHED = {
+    "all_reduce": "allreduce_", "broadcast": "broadcast_", "reduce": "reduce_",
+    "all_gather": "allgather_", "all_gather_into_tensor": "_allgather_base_",
+    "_all_gather_base": "_allgather_base_", "reduce_scatter": "reduce_scatter_",
+    "reduce_scatter_tensor": "_reduce_scatter_base_", "all_to_all": "alltoall_",
+    "all_to_all_single": "alltoall_base_", "send": "send", "recv": "recv_",
+    "barrier": "barrier", "gather": "gather_", "scatter": "scatter_",
+}
+
+_state = {"shim": None, "adapter": None, "installed": False, "comms": {}, "names": {},
+          "reduce_ops": {}, "ops": None, "announced": {}}
 
 
 def _communicator(group):
@@ -215,19 +236,85 @@ def _wrap(kind, original):
     return wrapper
 
 
-def install(shim):
+def _dispatched(kind):
+    """Whether torch.distributed.<kind> goes through a c10d dispatcher op."""
+    try:
+        getattr(torch.ops.c10d, _DISPATCHED[kind])
+        return True
+    except (AttributeError, RuntimeError, KeyError):
+        return False
+
+
+def _call_announcing(group, original, args, kwargs):
+    """Calls `original` with `group`'s communicator announced to the adapter:
+    the first group it has not seen that a c10d op of this thread takes gets
+    this communicator id."""
+    adapter = _state["adapter"]
+    try:
+        adapter.opguard_torch_announce_group(_communicator(group) & ((1 << 64) - 1))
+    except Exception:
+        return original(*args, **kwargs)
+    try:
+        return original(*args, **kwargs)
+    finally:
+        adapter.opguard_torch_announce_group(0)
+        _state["announced"][id(group)] = group  # the reference keeps id() unique
+
+
+def _announcing(original, group_param):
+    """Wraps a function that takes a process group as `group_param` so that a
+    subgroup is announced the first time it is used (torch's default group
+    needs no announcement: see CommunicatorOf in the adapter)."""
+    params = list(inspect.signature(original).parameters)
+    index = params.index(group_param) if group_param in params else None
+    announced = _state["announced"]
+
+    @functools.wraps(original)
+    def wrapper(*args, **kwargs):
+        if index is not None and len(args) > index:
+            group = args[index]
+        else:
+            group = kwargs.get(group_param)
+        if group is None or id(group) in announced or group is dist.group.WORLD:
+            return original(*args, **kwargs)
+        return _call_announcing(group, original, args, kwargs)
+
+    wrapper.__opguard_wrapped__ = original
+    return wrapper
+
+
+def _wrap_ddp():
+    """DistributedDataParallel over a subgroup: its constructor's first
+    collective (C++, on that group) learns the group's communicator."""
+    try:
+        from torch.nn.parallel import DistributedDataParallel
+    except ImportError:
+        return
+    original = DistributedDataParallel.__init__
+    if hasattr(original, "__opguard_wrapped__"):
+        return
+    DistributedDataParallel.__init__ = _announcing(original, "process_group")
+
+
+def install(shim, adapter):
     """Wraps torch.distributed's collectives (once per process)."""
     if _state["installed"]:
         return
-    _state["shim"] = shim
+    _state["shim"], _state["adapter"] = shim, adapter
     shim.opguard_intern.restype = ctypes.c_uint64
     shim.opguard_intern.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
     shim.opguard_communicator_define.restype = ctypes.c_uint64
+    adapter.opguard_torch_announce_group.argtypes = [ctypes.c_uint64]
+    adapter.opguard_torch_announce_group.restype = None
     for kind in _KINDS:
         original = getattr(dist, kind, None)
         if original is None or hasattr(original, "__opguard_wrapped__"):
             continue
-        setattr(dist, kind, _wrap(kind, original))
+        if _dispatched(kind):
+            setattr(dist, kind, _announcing(original, "group"))
+        else:
+            setattr(dist, kind, _wrap(kind, original))
+    _wrap_ddp()
     _state["installed"] = True
 
 

@@ -34,6 +34,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "opguard/shim.h"
@@ -245,6 +246,9 @@ struct ThreadState {
   int64_t lane = -1;
   int optimizer_steps = 0;     // Optimizer.step scopes currently open
   int replicated_regions = 0;  // opguard.replicated() regions currently open
+  // Communicator the opguard package announced for the next process group
+  // this thread uses that OpGuard does not know yet (0: none).
+  uint64_t announced_communicator = 0;
   uint64_t cache_step = 0;
   FingerprintCache cache;
   UninitialisedStorages uninitialised;
@@ -293,6 +297,8 @@ ContextPool::~ContextPool() {
   while (count > 0) ::operator delete(blocks[--count]);
 }
 
+struct NativeCollective;  // a collective seen at c10d's dispatcher (see below)
+
 // Storage for everything an opguard_op points to, kept until the record call.
 // Shapes and tensor lists live in flat arrays that may grow while the op is
 // collected, so opguard_tensor::shape and opguard_value::tensors hold offsets
@@ -320,6 +326,7 @@ class OpContext final : public at::ObserverContext {
   bool learn_nesting = false;  // RecordFunction left on: see whether nested ops run
   uint64_t nested_calls_at_start = 0;
   bool replicated = false;  // in Optimizer.step or opguard.replicated() at start
+  std::shared_ptr<NativeCollective> native;  // set for c10d ops: see NativeCollectiveStart
   uint64_t name = 0;
   uint64_t site = 0;
   int64_t seq_nr = -1;
@@ -616,22 +623,26 @@ void ForgetTensors(const c10::IValue& v, ThreadState& ts) {
   }
 }
 
+std::unique_ptr<at::ObserverContext> NativeCollectiveStart(const at::RecordFunction& fn,
+                                                           ThreadState& ts);
+void NativeCollectiveEnd(const at::RecordFunction& fn, OpContext& ctx);
+
 std::unique_ptr<at::ObserverContext> OnFunctionStart(const at::RecordFunction& fn, ThreadState& ts) {
   if (IsEngineWrapper(fn)) return nullptr;
   int depth = ts.depth++;
   if (depth > 0) ++ts.nested_calls;
   if (!g_recording.load(std::memory_order_relaxed)) return nullptr;
   // c10d's dispatcher ops (c10d::allreduce_, ...) return as soon as the work
-  // is queued: their outputs are not final at op end, so fingerprinting them
-  // here would record a racy, half-reduced buffer. The opguard package
-  // records collectives instead, with outputs taken after completion.
+  // is queued: their outputs are not final at op end, so they are not
+  // recorded as ops but as collectives, with the outputs taken once the work
+  // has completed (NativeCollectiveStart).
   //
   // Their in-place writes do not bump the tensors' version counters (torch
   // 1.13), so cached fingerprints of the tensors they were given are dropped
   // here: the next op that reads them hashes what the collective wrote.
   if (std::strncmp(fn.name(), "c10d::", 6) == 0) {
     for (const c10::IValue& v : fn.inputs()) ForgetTensors(v, ts);
-    return nullptr;
+    return NativeCollectiveStart(fn, ts);
   }
   // OpGuard's own collective ops (RegisterCollectiveOps) record themselves.
   if (std::strncmp(fn.name(), "opguard::", 9) == 0) return nullptr;
@@ -687,6 +698,10 @@ void OnFunctionEnd(const at::RecordFunction& fn, OpContext* ctx, ThreadState& ts
   }
   if (IsEngineWrapper(fn)) return;
   --ts.depth;
+  if (ctx != nullptr && ctx->native != nullptr) {
+    NativeCollectiveEnd(fn, *ctx);
+    return;
+  }
   if (ctx == nullptr || !g_recording.load(std::memory_order_relaxed)) return;
   uint32_t lane = LaneOf(ts);
   if (ctx->unfingerprintable || !CollectOutputs(fn, *ctx, ts)) {
@@ -862,12 +877,65 @@ void BeginCacheStep(ThreadState& ts) {
   }
 }
 
+// Records the Entered phase of a collective whose inputs are fingerprinted
+// into ctx.outputs (shapes resolved): its op boundary `name` and its
+// collective record. `first` (may be null) gives the dtype and count. True
+// with `pending` filled with what the Completed record repeats.
+bool RecordEntered(OpContext& ctx, const at::Tensor* first, uint8_t kind, uint64_t communicator,
+                   int32_t root, uint8_t reduce_op, uint64_t name, PendingCollective* pending) {
+  opguard_collective rec;
+  std::memset(&rec, 0, sizeof(rec));
+  rec.struct_size = sizeof(rec);
+  rec.phase = OPGUARD_PHASE_ENTERED;
+  rec.kind = kind;
+  rec.dtype = first != nullptr ? ToOpGuardDType(first->scalar_type()) : 0;
+  rec.reduce_op = reduce_op;
+  rec.communicator = communicator;
+  rec.seq = OPGUARD_AUTO;
+  rec.count = first != nullptr ? static_cast<uint64_t>(first->numel()) : 0;
+  rec.root = root;
+  rec.op_index = OPGUARD_AUTO;
+  rec.step = OPGUARD_AUTO;
+  rec.site = FindUserSite().site;
+  rec.num_inputs = static_cast<uint32_t>(ctx.outputs.size());
+  rec.inputs = ctx.outputs.data();
+  const uint64_t step = g_step.load(std::memory_order_relaxed);
+  uint64_t seq = 0;
+  if (RecordCollective(&rec, name, &seq) != OPGUARD_OK) return false;
+  rec.seq = seq;
+  rec.step = step;
+  pending->rec = rec;
+  pending->inputs.assign(ctx.outputs.begin(), ctx.outputs.end());
+  pending->dims.assign(ctx.dims.begin(), ctx.dims.end());
+  for (opguard_tensor& t : pending->inputs) {
+    t.shape = OpContext::AsOffset(static_cast<size_t>(t.shape - ctx.dims.data()));
+  }
+  return true;
+}
+
+// Turns `pending` into its Completed record, with the outputs fingerprinted
+// into `outputs`.outputs (shapes resolved here). Returns the record.
+opguard_collective& CompletedRecord(PendingCollective& pending, OpContext& outputs) {
+  for (opguard_tensor& t : outputs.outputs) outputs.ResolveTensor(t);
+  for (opguard_tensor& t : pending.inputs) {
+    t.shape = pending.dims.data() + reinterpret_cast<uintptr_t>(t.shape);
+  }
+  opguard_collective& rec = pending.rec;
+  rec.phase = OPGUARD_PHASE_COMPLETED;
+  rec.num_inputs = static_cast<uint32_t>(pending.inputs.size());
+  rec.inputs = pending.inputs.data();
+  rec.num_outputs = static_cast<uint32_t>(outputs.outputs.size());
+  rec.outputs = outputs.outputs.data();
+  return rec;
+}
+
 // opguard::collective_enter: records the Entered phase of a collective about
-// to be launched from Python (python/opguard/_collectives.py) and returns the
-// token its completion passes back, or 0 when nothing was recorded (not
-// recording, a tensor without host bytes, any failure). `outputs` only give
-// the dtype and count when there are no inputs (recv). `communicator` and
-// `name` are the uint64 ids as int64.
+// to be launched from Python (python/opguard/_collectives.py: the
+// torch.distributed functions that do not go through c10d's dispatcher) and
+// returns the token its completion passes back, or 0 when nothing was
+// recorded (not recording, a tensor without host bytes, any failure).
+// `outputs` only give the dtype and count when there are no inputs (recv).
+// `communicator` and `name` are the uint64 ids as int64.
 int64_t CollectiveEnter(at::TensorList inputs, at::TensorList outputs, int64_t kind,
                         int64_t communicator, int64_t root, int64_t reduce_op, int64_t name) {
   try {
@@ -879,30 +947,11 @@ int64_t CollectiveEnter(at::TensorList inputs, at::TensorList outputs, int64_t k
     for (opguard_tensor& t : ctx.outputs) ctx.ResolveTensor(t);
     const at::Tensor* first =
         !inputs.empty() ? &inputs[0] : (!outputs.empty() ? &outputs[0] : nullptr);
-    opguard_collective rec;
-    std::memset(&rec, 0, sizeof(rec));
-    rec.struct_size = sizeof(rec);
-    rec.phase = OPGUARD_PHASE_ENTERED;
-    rec.kind = static_cast<uint8_t>(kind);
-    rec.dtype = first != nullptr ? ToOpGuardDType(first->scalar_type()) : 0;
-    rec.reduce_op = static_cast<uint8_t>(reduce_op);
-    rec.communicator = static_cast<uint64_t>(communicator);
-    rec.seq = OPGUARD_AUTO;
-    rec.count = first != nullptr ? static_cast<uint64_t>(first->numel()) : 0;
-    rec.root = static_cast<int32_t>(root);
-    rec.op_index = OPGUARD_AUTO;
-    rec.step = OPGUARD_AUTO;
-    rec.site = FindUserSite().site;
-    rec.num_inputs = static_cast<uint32_t>(ctx.outputs.size());
-    rec.inputs = ctx.outputs.data();
-    uint64_t seq = 0;
-    if (RecordCollective(&rec, static_cast<uint64_t>(name), &seq) != OPGUARD_OK) return 0;
-    rec.seq = seq;
-    PendingCollective pending{rec, {}, {}};
-    pending.inputs.assign(ctx.outputs.begin(), ctx.outputs.end());
-    pending.dims.assign(ctx.dims.begin(), ctx.dims.end());
-    for (opguard_tensor& t : pending.inputs) {
-      t.shape = OpContext::AsOffset(static_cast<size_t>(t.shape - ctx.dims.data()));
+    PendingCollective pending;
+    if (!RecordEntered(ctx, first, static_cast<uint8_t>(kind), static_cast<uint64_t>(communicator),
+                       static_cast<int32_t>(root), static_cast<uint8_t>(reduce_op),
+                       static_cast<uint64_t>(name), &pending)) {
+      return 0;
     }
     std::lock_guard<std::mutex> lock(g_pending_mu);
     if (g_pending->size() >= 4096) g_pending->clear();
@@ -935,24 +984,217 @@ int64_t CollectiveComplete(int64_t token, at::TensorList outputs, int64_t name) 
     BeginCacheStep(ts);
     OpContext ctx;
     if (!FingerprintAll(outputs, ctx, ts)) return 0;
-    for (opguard_tensor& t : ctx.outputs) ctx.ResolveTensor(t);
-    for (opguard_tensor& t : pending.inputs) {
-      t.shape = pending.dims.data() + reinterpret_cast<uintptr_t>(t.shape);
-    }
-    opguard_collective& rec = pending.rec;
-    rec.phase = OPGUARD_PHASE_COMPLETED;
-    rec.num_inputs = static_cast<uint32_t>(pending.inputs.size());
-    rec.inputs = pending.inputs.data();
-    rec.num_outputs = static_cast<uint32_t>(ctx.outputs.size());
-    rec.outputs = ctx.outputs.data();
     uint64_t seq = 0;
-    return RecordCollective(&rec, static_cast<uint64_t>(name), &seq) == OPGUARD_OK ? 1 : 0;
+    return RecordCollective(&CompletedRecord(pending, ctx), static_cast<uint64_t>(name), &seq) ==
+                   OPGUARD_OK
+               ? 1
+               : 0;
   } catch (const std::exception& e) {
     DisableOnce(e.what());
   } catch (...) {
     DisableOnce("unknown error recording a collective");
   }
   return 0;
+}
+
+// ---- Collectives at c10d's dispatcher -------------------------------------
+// torch.distributed's collectives reach c10d's dispatcher ops
+// (c10d::allreduce_, ...): those called from Python, and those DDP's reducer
+// issues from C++ during backward. They are recorded here, from the op's
+// own arguments: the Entered phase when the op starts (inputs hashed from
+// memory, op boundary "c10d::<kind> [enter]" in the issuing thread's lane),
+// the Completed phase when the work's future completes, on the backend's
+// thread, before any waiter wakes: the outputs are final then, and no later
+// op of the issuing thread has run on them. Completed adds no op boundary: it
+// happens at no fixed point of the issuing thread's op order.
+
+// Where the arguments of one c10d op are (the same positions in torch 1.13
+// and 2.x); -1: none.
+struct NativeKind {
+  const char* op;     // c10d op name
+  uint8_t kind;       // OPGUARD_COLL_*
+  const char* label;  // torch.distributed's name, for "c10d::<label> [enter]"
+  int inputs;         // Tensor, Tensor[] or Tensor[][]
+  int outputs;        // fingerprinted after completion
+  int group;          // the process group
+  int reduce_op;      // ReduceOp
+  int root;           // int: root or peer rank in the group
+};
+constexpr NativeKind kNativeKinds[] = {
+    {"c10d::allreduce_", OPGUARD_COLL_ALL_REDUCE, "all_reduce", 0, 0, 1, 2, -1},
+    {"c10d::broadcast_", OPGUARD_COLL_BROADCAST, "broadcast", 0, 0, 1, -1, 2},
+    {"c10d::reduce_", OPGUARD_COLL_REDUCE, "reduce", 0, 0, 1, 2, 3},
+    {"c10d::allgather_", OPGUARD_COLL_ALL_GATHER, "all_gather", 1, 0, 2, -1, -1},
+    {"c10d::_allgather_base_", OPGUARD_COLL_ALL_GATHER, "all_gather_into_tensor", 1, 0, 2, -1, -1},
+    {"c10d::reduce_scatter_", OPGUARD_COLL_REDUCE_SCATTER, "reduce_scatter", 1, 0, 2, 3, -1},
+    {"c10d::_reduce_scatter_base_", OPGUARD_COLL_REDUCE_SCATTER, "reduce_scatter_tensor", 1, 0, 2,
+     3, -1},
+    {"c10d::alltoall_", OPGUARD_COLL_ALL_TO_ALL, "all_to_all", 1, 0, 2, -1, -1},
+    {"c10d::alltoall_base_", OPGUARD_COLL_ALL_TO_ALL, "all_to_all_single", 1, 0, 2, -1, -1},
+    {"c10d::gather_", OPGUARD_COLL_GATHER, "gather", 1, 0, 2, -1, 3},
+    {"c10d::scatter_", OPGUARD_COLL_SCATTER, "scatter", 1, 0, 2, -1, 3},
+    {"c10d::send", OPGUARD_COLL_SEND, "send", 0, -1, 1, -1, 2},
+    {"c10d::recv_", OPGUARD_COLL_RECV, "recv", -1, 0, 1, -1, 2},
+    {"c10d::barrier", OPGUARD_COLL_BARRIER, "barrier", -1, -1, 1, -1, -1},
+};
+
+// A collective between its Entered and Completed records.
+struct NativeCollective {
+  PendingCollective entered;
+  std::vector<at::Tensor> outputs;  // fingerprinted once the work completes
+};
+
+// The tensors of a Tensor, Tensor[] or Tensor[][] argument, in order.
+void AppendTensors(const c10::IValue& v, std::vector<at::Tensor>* out) {
+  if (v.isTensor()) {
+    out->push_back(v.toTensor());
+  } else if (v.isList()) {
+    for (const c10::IValue& e : v.toListRef()) AppendTensors(e, out);
+  }
+}
+
+// Communicator ids of c10d process groups, by the group's address; the weak
+// reference keeps a new group at a reused address from matching.
+struct KnownGroup {
+  c10::weak_intrusive_ptr<torch::CustomClassHolder> group;
+  uint64_t communicator;
+};
+std::mutex g_groups_mu;
+std::unordered_map<const void*, KnownGroup>* g_groups =
+    new std::unordered_map<const void*, KnownGroup>();
+
+void WarnOnce(std::atomic<bool>& warned, const char* what) {
+  if (!warned.exchange(true)) std::fprintf(stderr, "opguard-torch warning: %s\n", what);
+}
+
+// The communicator of a process group argument, 0 if OpGuard cannot name it.
+// A group seen for the first time is the one the opguard package announced
+// on this thread (subgroups: see _collectives.py), else, if it has as many
+// members as the job has ranks, the world ("world", ranks 0..n-1, the id the
+// package gives torch's default group).
+uint64_t CommunicatorOf(const c10::IValue& arg, ThreadState& ts) {
+  auto group = CustomClassOf(arg, "ProcessGroup");
+  if (!group) return 0;
+  std::lock_guard<std::mutex> lock(g_groups_mu);
+  auto it = g_groups->find(group.get());
+  if (it != g_groups->end()) {
+    if (it->second.group.lock().get() == group.get()) return it->second.communicator;
+    g_groups->erase(it);
+  }
+  uint64_t id = std::exchange(ts.announced_communicator, 0);
+  const int size = ProcessGroupSize(arg);
+  const char* world = std::getenv("WORLD_SIZE");
+  if (id == 0 && size > 0 && world != nullptr && std::atoi(world) == size) {
+    std::vector<uint32_t> ranks(static_cast<size_t>(size));
+    for (int r = 0; r < size; ++r) ranks[static_cast<size_t>(r)] = static_cast<uint32_t>(r);
+    opguard_communicator comm;
+    std::memset(&comm, 0, sizeof(comm));
+    comm.struct_size = sizeof(comm);
+    comm.size = static_cast<uint32_t>(size);
+    comm.name = "world";
+    comm.ranks = ranks.data();
+    id = opguard_communicator_define(&comm);
+  }
+  if (id == 0) {
+    static std::atomic<bool> warned{false};
+    WarnOnce(warned, "collectives on a process group the opguard package did not see created "
+                     "are not recorded");
+    return 0;
+  }
+  if (g_groups->size() >= 4096) g_groups->clear();
+  g_groups->insert_or_assign(
+      group.get(), KnownGroup{c10::weak_intrusive_ptr<torch::CustomClassHolder>(group), id});
+  return id;
+}
+
+// Interned "c10d::<label> [enter]" of kNativeKinds[i], on first use.
+uint64_t EnteredName(size_t i) {
+  static std::atomic<uint64_t> ids[std::size(kNativeKinds)];
+  uint64_t id = ids[i].load(std::memory_order_relaxed);
+  if (id == 0) {
+    std::string text = std::string("c10d::") + kNativeKinds[i].label + " [enter]";
+    id = opguard_intern(text.data(), text.size());
+    ids[i].store(id, std::memory_order_relaxed);
+  }
+  return id;
+}
+
+std::unique_ptr<at::ObserverContext> NativeCollectiveStart(const at::RecordFunction& fn,
+                                                           ThreadState& ts) {
+  size_t index = 0;
+  while (index < std::size(kNativeKinds) && std::strcmp(fn.name(), kNativeKinds[index].op) != 0) {
+    ++index;
+  }
+  if (index == std::size(kNativeKinds)) return nullptr;
+  const NativeKind* kind = &kNativeKinds[index];
+  auto args = fn.inputs();
+  auto arg = [&](int i) -> const c10::IValue* {
+    return i >= 0 && static_cast<size_t>(i) < args.size() ? &args[static_cast<size_t>(i)]
+                                                          : nullptr;
+  };
+  if (arg(kind->group) == nullptr) return nullptr;
+  const uint64_t communicator = CommunicatorOf(*arg(kind->group), ts);
+  if (communicator == 0) return nullptr;
+  auto native = std::make_shared<NativeCollective>();
+  std::vector<at::Tensor> inputs;
+  if (arg(kind->inputs) != nullptr) AppendTensors(*arg(kind->inputs), &inputs);
+  if (arg(kind->outputs) != nullptr) AppendTensors(*arg(kind->outputs), &native->outputs);
+  BeginCacheStep(ts);
+  auto ctx = std::make_unique<OpContext>();
+  if (!FingerprintAll(inputs, *ctx, ts)) return nullptr;
+  for (opguard_tensor& t : ctx->outputs) ctx->ResolveTensor(t);
+  const at::Tensor* first = !inputs.empty()            ? &inputs[0]
+                            : !native->outputs.empty() ? &native->outputs[0]
+                                                       : nullptr;
+  const c10::IValue* root = arg(kind->root);
+  const c10::IValue* reduce_op = arg(kind->reduce_op);
+  if (!RecordEntered(*ctx, first, kind->kind, communicator,
+                     root != nullptr && root->isInt() ? static_cast<int32_t>(root->toInt()) : -1,
+                     reduce_op != nullptr ? ReduceOpCode(*reduce_op) : 255, EnteredName(index),
+                     &native->entered)) {
+    return nullptr;
+  }
+  ctx->native = std::move(native);
+  return ctx;
+}
+
+// On the backend's thread, once the work's future has completed.
+void RecordNativeCompleted(NativeCollective& native, const c10::ivalue::Future& done) {
+  try {
+    if (done.hasError() || !g_recording.load(std::memory_order_relaxed)) return;
+    OpContext ctx;
+    if (!FingerprintAll(native.outputs, ctx, t_state)) return;
+    // The issuing lane and position of the Entered record, not this thread's.
+    opguard_record_collective(&CompletedRecord(native.entered, ctx), nullptr);
+  } catch (const std::exception& e) {
+    DisableOnce(e.what());
+  } catch (...) {
+    DisableOnce("unknown error recording a collective");
+  }
+}
+
+// At the c10d op's end: its outputs hold the work; its future's callback
+// records Completed. A work without a future (some backends) leaves the
+// Entered record alone.
+void NativeCollectiveEnd(const at::RecordFunction& fn, OpContext& ctx) {
+  std::shared_ptr<NativeCollective> native = std::move(ctx.native);
+  c10::intrusive_ptr<c10::ivalue::Future> future;
+  for (const c10::IValue& v : fn.outputs()) {
+    if (v.isTuple()) {
+      for (const c10::IValue& e : v.toTupleRef().elements()) {
+        if (!future) future = WorkFuture(e);
+      }
+    } else if (!future) {
+      future = WorkFuture(v);
+    }
+  }
+  if (!future) {
+    static std::atomic<bool> warned{false};
+    WarnOnce(warned, "a collective's work has no future: its Completed record is not taken");
+    return;
+  }
+  future->addCallback(
+      [native](c10::ivalue::Future& done) { RecordNativeCompleted(*native, done); });
 }
 
 // Registers opguard::collective_enter and opguard::collective_complete with
@@ -1035,6 +1277,13 @@ __attribute__((visibility("default"))) int opguard_torch_replicated_end(void) {
   ThreadState& ts = t_state;
   if (ts.replicated_regions > 0) --ts.replicated_regions;
   return ts.replicated_regions;
+}
+
+// The opguard package names a process group OpGuard has not seen before the
+// collective call that uses it (python/opguard/_collectives.py): the next
+// unknown group a c10d op of this thread takes is `communicator`. 0 clears.
+__attribute__((visibility("default"))) void opguard_torch_announce_group(uint64_t communicator) {
+  t_state.announced_communicator = communicator;
 }
 
 // The current step and the calling thread's lane (collectives recorded from

@@ -7,8 +7,12 @@
 #include <ATen/SequenceNumber.h>
 #include <ATen/record_function.h>
 #include <torch/csrc/api/include/torch/version.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <cstdint>
+#include <string_view>
 
 #include "opguard/shim.h"
 
@@ -54,6 +58,54 @@ inline int64_t PeekSequenceNumber() { return static_cast<int64_t>(at::sequence_n
 // Version counter of a tensor (bumped by every in-place write).
 inline uint32_t TensorVersion(const at::Tensor& t) {
   return static_cast<uint32_t>(t.unsafeGetTensorImpl()->version_counter().current_version());
+}
+
+// c10d's dispatcher ops (c10d::allreduce_, ...) take the process group and
+// the reduce op, and return the work, as TorchScript custom-class objects: an
+// object of class __torch__.torch.classes.c10d.<Name> whose one slot is a
+// capsule holding the C++ object. Null if `v` is not one of class `name`.
+inline c10::intrusive_ptr<torch::CustomClassHolder> CustomClassOf(const c10::IValue& v,
+                                                                  const char* name) {
+  if (!v.isObject()) return {};
+  const auto& object = v.toObjectRef();
+  const auto& type_name = object.type()->name();
+  static constexpr std::string_view kNamespace = "__torch__.torch.classes.c10d.";
+  if (!type_name || type_name->name() != name ||
+      std::string_view(type_name->qualifiedName()).substr(0, kNamespace.size()) != kNamespace ||
+      object.slots().size() != 1 ||
+      !object.getSlot(0).isCapsule()) {
+    return {};
+  }
+  return object.getSlot(0).toCapsule();
+}
+
+// Members of a process group (0 if `v` is not one).
+inline int ProcessGroupSize(const c10::IValue& v) {
+  auto holder = CustomClassOf(v, "ProcessGroup");
+  return holder ? static_cast<const c10d::ProcessGroup*>(holder.get())->getSize() : 0;
+}
+
+// OPGUARD_REDUCE_* numbering (0 sum, 1 prod, 2 max, 3 min, 4 avg) of a
+// c10d ReduceOp; 255 for the others (bitwise, premultiplied sum) and non-ops.
+inline uint8_t ReduceOpCode(const c10::IValue& v) {
+  auto holder = CustomClassOf(v, "ReduceOp");
+  if (!holder) return 255;
+  switch (static_cast<const c10d::ReduceOp*>(holder.get())->op_) {
+    case c10d::ReduceOp::SUM: return 0;
+    case c10d::ReduceOp::PRODUCT: return 1;
+    case c10d::ReduceOp::MAX: return 2;
+    case c10d::ReduceOp::MIN: return 3;
+    case c10d::ReduceOp::AVG: return 4;
+    default: return 255;
+  }
+}
+
+// The future a collective's work completes (on the backend's own thread,
+// with the outputs final), or null if `v` is not a work or has none.
+inline c10::intrusive_ptr<c10::ivalue::Future> WorkFuture(const c10::IValue& v) {
+  auto holder = CustomClassOf(v, "Work");
+  if (!holder) return {};
+  return static_cast<c10d::Work*>(holder.get())->getFuture();
 }
 
 }  // namespace opguard::torch_adapter

@@ -186,6 +186,34 @@ class Faults(harness.DaemonTestCase):
         line = harness.line_of(TRAIN, "opt.step()")
         self.assertEqual(group["first_divergence"]["site"]["suspect"]["line"], line)
 
+    def test_ddp_allreduce_carries_a_corrupted_weight_to_other_ranks(self):
+        # DDP's reducer all-reduces gradient buckets from C++ during
+        # backward. Rank 1's corrupted weight changes its gradients; the other
+        # ranks diverge only through that all-reduce, so they are explained
+        # by rank 1 and rank 1 alone is named.
+        harness.train(self.site, self.daemon, "ddp-base", ranks=RANKS, steps=STEPS,
+                      args=["--ddp"])
+        harness.train(self.site, self.daemon, "ddp-wflip", ranks=RANKS, steps=STEPS,
+                      fault="wflip:1:1", args=["--ddp"])
+        report = self.diff("ddp-wflip", reference="ddp-base")
+        first = self.assert_pivot(report, rank=1, step=1, op="aten::linear",
+                                  line=harness.line_of(TRAIN, "return self.head(self.ln(x))"))
+        self.assertFalse(first["inputs_equal"])
+        explained = {e["rank"]: e["from_rank"] for e in report["explained"]}
+        self.assertEqual(explained, {0: 1, 2: 1, 3: 1})
+        # The reducer's all-reduces are recorded on the world communicator,
+        # every rank completing each one, all agreeing on its outputs.
+        collectives = self.daemon.cli_json("collectives", "ddp-wflip")
+        self.assertEqual(collectives["mismatches"], [], json.dumps(collectives)[:3000])
+        [world] = collectives["live"]
+        self.assertEqual(world["name"], "world")
+        completed = {r["rank"]: r["last_completed"] for r in world["ranks"]}
+        entered = {r["rank"]: r["last_entered"] for r in world["ranks"]}
+        self.assertEqual(sorted(completed), list(range(RANKS)))
+        self.assertEqual(completed, entered)
+        # More than the training loop's own broadcast per step.
+        self.assertGreater(completed[0], 2 * STEPS, json.dumps(world))
+
     def test_desynchronized_collective(self):
         env = {"OPGUARD_FLUSH_TIMEOUT_MS": 20000}
         with self.assertRaises(AssertionError):  # the job times out, as a real desync would
@@ -219,12 +247,22 @@ class AsyncCollective(harness.DaemonTestCase):
             url = f"http://{http}/api/runs/async/ranks/{rank}/trace?lane=0&from=0&max=10000"
             with urllib.request.urlopen(url, timeout=30) as answer:
                 ops = json.load(answer)["ops"]
-            recorded = [op for op in ops if op["name"] == "c10d::all_reduce"]
-            self.assertEqual(len(recorded), 1, [op["name"] for op in ops])
-            final = self.fingerprint(os.path.join(out, f"final-{rank}.bin"))
+            entered = [op for op in ops if op["name"] == "c10d::all_reduce [enter]"]
+            self.assertEqual(len(entered), 1, [op["name"] for op in ops])
             launched = self.fingerprint(os.path.join(out, f"input-{rank}.bin"))
+            final = self.fingerprint(os.path.join(out, f"final-{rank}.bin"))
             self.assertNotEqual(final, launched)
-            self.assertEqual(recorded[0]["outputs"][0]["fingerprint"], final)
+            self.assertEqual(entered[0]["inputs"][0]["tensor"]["fingerprint"], launched)
+        # The ranks launched different bytes and completed with the same sum:
+        # outputs fingerprinted at launch would disagree (a mismatch), outputs
+        # taken after completion agree, and both ranks completed seq 0.
+        report = self.daemon.cli_json("collectives", "async")
+        self.assertEqual(report["mismatches"], [], json.dumps(report)[:3000])
+        self.assertEqual(report["desyncs"], [], json.dumps(report)[:3000])
+        self.assertEqual(report["status"], "identical", json.dumps(report)[:3000])
+        [world] = report["live"]
+        self.assertEqual([(r["rank"], r["last_entered"], r["last_completed"]) for r in world["ranks"]],
+                         [(0, 0, 0), (1, 0, 0)], json.dumps(world))
 
     def fingerprint(self, path):
         result = subprocess.run([os.environ["OPGUARD_CLI"], "fingerprint", "--dtype", "float32",

@@ -17,6 +17,10 @@ training code, never in OpGuard. RANK selects the one rank that misbehaves:
                              replicas part in the optimizer's step)
   --fault desync:RANK:STEP   RANK broadcasts from the wrong root at STEP (a
                              desynchronized collective; the job then times out)
+  --fault wflip:RANK:STEP    flip one bit of one output-layer weight in memory
+                             on RANK before the forward of STEP (corrupted
+                             parameter memory: its gradients reach the other
+                             ranks through the all-reduce)
 
 Launch: torchrun --nproc_per_node 4 train_gpt.py --steps 3, or
         python3 train_gpt.py --spawn 4 --steps 3 (torch.multiprocessing.spawn).
@@ -135,6 +139,8 @@ def train(rank, world, args):
     step_times = []
     for step in range(args.steps):
         started = time.perf_counter()
+        if kind == "wflip" and rank == fault_rank and step == fault_step:
+            flip_bit_in_memory(core.head.weight, index=7, bit=22)
         # Rank 0 decides the step's learning-rate scale for everyone.
         root = rank if kind == "desync" and rank == fault_rank and step == fault_step else 0
         dist.broadcast(lr_scale, src=root)
