@@ -6,7 +6,10 @@ interleaved so that machine noise hits all three alike:
   dispatch   a Python TorchDispatchMode hashing every op output (the approach
              of PyTorch's DebugMode), no OpGuard
 Prints Google-Benchmark-shaped JSON (scripts/bench.sh renders the table):
-median step time per mode and the ratios to plain.
+median step time per mode and the ratios to plain; beside them the median
+CPU time per step of rank 0's process (all its threads: the shim's sender,
+gloo's workers) and, for opguard, the daemon's CPU time per training step.
+On a shared machine wall time is noisy; the CPU figures show the work added.
 
 usage: step_overhead.py BUILD_DIR [--steps N] [--rounds R] [--ranks K]
 """
@@ -23,6 +26,13 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN = os.path.join(ROOT, "tests", "e2e", "train_gpt.py")
 PYTHON = "/usr/bin/python3"
+
+
+def process_cpu_s(pid):
+    """User + system CPU seconds of a process so far (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main():
@@ -66,25 +76,38 @@ def main():
             "dispatch": ({}, ["--hash-every-output"]),
         }
         samples = {mode: [] for mode in modes}
+        cpu = {mode: [] for mode in modes}
+        daemon_cpu_s, opguard_steps = 0.0, 0
         for round_ in range(args.rounds):
             for mode, (extra_env, extra_args) in modes.items():
                 times = os.path.join(tmp, f"{mode}-{round_}.json")
                 env = dict(base_env, **extra_env)
                 if mode == "opguard":
                     env["OPGUARD_RUN"] = f"overhead-{round_}"
+                before = process_cpu_s(daemon.pid)
                 subprocess.run([PYTHON, TRAIN, "--spawn", str(args.ranks), "--steps",
                                 str(args.steps), "--times", times, *extra_args], env=env,
                                check=True, capture_output=True, timeout=900)
+                if mode == "opguard":
+                    daemon_cpu_s += process_cpu_s(daemon.pid) - before
+                    opguard_steps += args.steps
                 with open(times) as f:
-                    samples[mode].extend(json.load(f)[2:])  # first steps warm up
+                    recorded = json.load(f)
+                samples[mode].extend(recorded["wall"][2:])  # first steps warm up
+                cpu[mode].extend(recorded["cpu"][2:])
         medians = {mode: statistics.median(values) for mode, values in samples.items()}
+        cpu_medians = {mode: statistics.median(values) for mode, values in cpu.items()}
         benchmarks = []
         for mode, median in medians.items():
             entry = {"name": f"train_step/{mode}", "run_type": "iteration",
                      "iterations": len(samples[mode]), "real_time": median * 1e3,
                      "cpu_time": median * 1e3, "time_unit": "ms"}
+            entry["cpu_ms_per_step"] = cpu_medians[mode] * 1e3
             if mode != "plain":
                 entry["ratio_to_plain"] = median / medians["plain"]
+                entry["cpu_ratio_to_plain"] = cpu_medians[mode] / cpu_medians["plain"]
+            if mode == "opguard":
+                entry["daemon_cpu_ms_per_step"] = daemon_cpu_s * 1e3 / max(1, opguard_steps)
             benchmarks.append(entry)
         print(json.dumps({"context": {"steps": args.steps, "rounds": args.rounds,
                                       "ranks": args.ranks},

@@ -136,9 +136,9 @@ def train(rank, world, args):
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     gen = torch.Generator().manual_seed(100 + rank)  # each rank its own data shard
     lr_scale = torch.ones(1)
-    step_times = []
+    step_times, step_cpu = [], []
     for step in range(args.steps):
-        started = time.perf_counter()
+        started, started_cpu = time.perf_counter(), time.process_time()
         if kind == "wflip" and rank == fault_rank and step == fault_step:
             flip_bit_in_memory(core.head.weight, index=7, bit=22)
         # Rank 0 decides the step's learning-rate scale for everyone.
@@ -162,9 +162,10 @@ def train(rank, world, args):
         if rank == 0:
             print(f"step {step} loss {loss.item():.6f}", flush=True)
         step_times.append(time.perf_counter() - started)
+        step_cpu.append(time.process_time() - started_cpu)
     if args.times and rank == 0:
         with open(args.times, "w") as f:
-            json.dump(step_times, f)
+            json.dump({"wall": step_times, "cpu": step_cpu}, f)
 
 
 class HashEveryOutput:
@@ -207,7 +208,9 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--fault", default="")
-    parser.add_argument("--times", default="", help="rank 0 writes its step wall times here")
+    parser.add_argument("--times", default="",
+                        help="rank 0 writes its steps' wall times and its process's CPU times "
+                             "(all threads) here")
     parser.add_argument("--hash-every-output", action="store_true",
                         help="hash every op output in a Python TorchDispatchMode (benchmark)")
     parser.add_argument("--ddp", action="store_true",
