@@ -182,7 +182,7 @@ uint32_t GetLe32(const char* p) {
 }
 uint64_t GetLe64(const char* p) { return uint64_t{GetLe32(p)} | (uint64_t{GetLe32(p + 4)} << 32); }
 
-size_t Align8(size_t n) { return (n + 7) & ~size_t{7}; }
+constexpr size_t Align8(size_t n) { return (n + 7) & ~size_t{7}; }
 
 bool IsPlainChunk(std::string_view value) {
   return value.size() >= kChunkHeader && std::memcmp(value.data(), kChunkMagic, 4) == 0;
@@ -207,14 +207,16 @@ struct OpChunkWriter::Codecs {
   ~Codecs() { ZSTD_freeCCtx(zstd); }
 };
 
-OpChunkWriter::OpChunkWriter() = default;
+OpChunkWriter::OpChunkWriter() : records_(kHeadRoom, '\0') {
+  static_assert(kHeadRoom == Align8(kChunkHeader + kChunkEntry * kOpChunkMaxRecords));
+}
 OpChunkWriter::~OpChunkWriter() = default;
 OpChunkWriter::OpChunkWriter(OpChunkWriter&&) noexcept = default;
 OpChunkWriter& OpChunkWriter::operator=(OpChunkWriter&&) noexcept = default;
 
 void OpChunkWriter::Clear() {
   entries_.clear();
-  records_.clear();
+  records_.resize(kHeadRoom);
 }
 
 void OpChunkWriter::Add(uint64_t op_index, const uint8_t* data, size_t size) {
@@ -224,15 +226,23 @@ void OpChunkWriter::Add(uint64_t op_index, const uint8_t* data, size_t size) {
 
 uint8_t* OpChunkWriter::Reserve(uint64_t op_index, size_t size) {
   const size_t at = records_.size();
-  entries_.push_back({op_index, static_cast<uint32_t>(at), static_cast<uint32_t>(size)});
+  entries_.push_back(
+      {op_index, static_cast<uint32_t>(at - kHeadRoom), static_cast<uint32_t>(size)});
   records_.resize(Align8(at + size), '\0');
   return reinterpret_cast<uint8_t*>(records_.data() + at);
 }
 
 std::string_view OpChunkWriter::Finish(ChunkCodec codec) {
   const size_t head = Align8(kChunkHeader + kChunkEntry * entries_.size());
-  out_.resize(head + records_.size());
-  char* p = out_.data();
+  const size_t body = record_bytes();
+  char* p = nullptr;
+  if (head <= kHeadRoom) {
+    p = records_.data() + (kHeadRoom - head);  // both multiples of 8: records keep their phase
+  } else {  // more entries than Accepts() lets in: copy behind a header
+    out_.resize(head + body);
+    p = out_.data();
+    std::memcpy(p + head, records_.data() + kHeadRoom, body);
+  }
   std::memcpy(p, kChunkMagic, 4);
   PutLe32(p + 4, static_cast<uint32_t>(entries_.size()));
   char* e = p + kChunkHeader;
@@ -243,39 +253,39 @@ std::string_view OpChunkWriter::Finish(ChunkCodec codec) {
     e += kChunkEntry;
   }
   std::memset(e, 0, static_cast<size_t>(p + head - e));
-  std::memcpy(p + head, records_.data(), records_.size());
-  if (codec == ChunkCodec::kNone || out_.size() > kMaxRawChunk) return out_;
+  const std::string_view raw(p, head + body);
+  if (codec == ChunkCodec::kNone || raw.size() > kMaxRawChunk) return raw;
 
   if (!codecs_) codecs_ = std::make_unique<Codecs>();
   size_t bound = 0;
   if (codec == ChunkCodec::kLz4) {
-    bound = static_cast<size_t>(LZ4_compressBound(static_cast<int>(out_.size())));
+    bound = static_cast<size_t>(LZ4_compressBound(static_cast<int>(raw.size())));
   } else {
-    bound = ZSTD_compressBound(out_.size());
+    bound = ZSTD_compressBound(raw.size());
   }
   packed_.resize(kPackedHeader + bound);
   char* q = packed_.data();
   std::memcpy(q, kPackedMagic, 4);
   PutLe32(q + 4, static_cast<uint32_t>(codec));
-  PutLe32(q + 8, static_cast<uint32_t>(out_.size()));
+  PutLe32(q + 8, static_cast<uint32_t>(raw.size()));
   size_t packed = 0;
   if (codec == ChunkCodec::kLz4) {
     if (codecs_->lz4_state.empty()) {
       codecs_->lz4_state.resize((static_cast<size_t>(LZ4_sizeofState()) + 7) / 8);
     }
     const int n =
-        LZ4_compress_fast_extState(codecs_->lz4_state.data(), out_.data(), q + kPackedHeader,
-                                   static_cast<int>(out_.size()), static_cast<int>(bound), 1);
+        LZ4_compress_fast_extState(codecs_->lz4_state.data(), raw.data(), q + kPackedHeader,
+                                   static_cast<int>(raw.size()), static_cast<int>(bound), 1);
     packed = n > 0 ? static_cast<size_t>(n) : 0;
   } else {
     if (codecs_->zstd == nullptr) codecs_->zstd = ZSTD_createCCtx();
     const size_t n = codecs_->zstd == nullptr
                          ? 0
-                         : ZSTD_compressCCtx(codecs_->zstd, q + kPackedHeader, bound, out_.data(),
-                                             out_.size(), kZstdLevel);
+                         : ZSTD_compressCCtx(codecs_->zstd, q + kPackedHeader, bound, raw.data(),
+                                             raw.size(), kZstdLevel);
     packed = ZSTD_isError(n) ? 0 : n;
   }
-  if (packed == 0) return out_;  // cannot happen with a bound-sized buffer; store it plain
+  if (packed == 0) return raw;  // cannot happen with a bound-sized buffer; store it plain
   packed_.resize(kPackedHeader + packed);
   return packed_;
 }

@@ -47,7 +47,13 @@ flatbuffers::Offset<wire::GapNotice> CopyGapNotice(flatbuffers::FlatBufferBuilde
 // and the chunk is compressed exactly once. A value that starts with neither
 // magic is a single record (one OpRecord root per key, the key's op_index);
 // readers accept all three.
-inline constexpr size_t kOpChunkMaxRecords = 128;
+// For records of typical size (~300 bytes) the byte limit ends a chunk, at
+// ~200 records. Larger chunks compress better (real-shim records: 97 -> 89.5
+// bytes on disk per record, so ~8% fewer bytes through the WAL, the memtable
+// and the blob files, at the same LZ4 CPU per byte; most of it because LZ4
+// hashes 5-byte sequences for inputs over 64 KiB, 4-byte ones below). 64 KiB
+// bounds what a point lookup decodes; 128 KiB would save only ~4% more.
+inline constexpr size_t kOpChunkMaxRecords = 256;
 inline constexpr size_t kOpChunkMaxBytes = 64 << 10;
 
 enum class ChunkCodec : uint32_t { kNone = 0, kLz4 = 1, kZstd = 2 };
@@ -63,13 +69,13 @@ class OpChunkWriter {
   void Clear();
   bool empty() const { return entries_.empty(); }
   size_t count() const { return entries_.size(); }
-  size_t record_bytes() const { return records_.size(); }
+  size_t record_bytes() const { return records_.size() - kHeadRoom; }
   uint64_t last_op() const { return entries_.empty() ? 0 : entries_.back().op_index; }
   // True when a record of `op_index` may join (ascending, chunk not full).
   bool Accepts(uint64_t op_index) const {
     return entries_.empty() ||
            (op_index > entries_.back().op_index && entries_.size() < kOpChunkMaxRecords &&
-            records_.size() < kOpChunkMaxBytes);
+            record_bytes() < kOpChunkMaxBytes);
   }
   void Add(uint64_t op_index, const uint8_t* data, size_t size);
   // Appends a record that is written in place: returns `size` bytes of
@@ -81,13 +87,17 @@ class OpChunkWriter {
   std::string_view Finish(ChunkCodec codec = ChunkCodec::kNone);
 
  private:
+  // Room for the largest header ("OGC1" | count | kOpChunkMaxRecords entries)
+  // at the start of records_: Finish writes the header in front of the
+  // records instead of copying them behind it.
+  static constexpr size_t kHeadRoom = 8 + 16 * kOpChunkMaxRecords;
   struct Entry {
     uint64_t op_index;
-    uint32_t offset;  // into records_
+    uint32_t offset;  // from the first record (records_ + kHeadRoom)
     uint32_t size;
   };
   std::vector<Entry> entries_;
-  std::string records_;
+  std::string records_;  // kHeadRoom bytes, then the records
   std::string out_;
   std::string packed_;
   struct Codecs;  // compression state, reused across chunks

@@ -160,6 +160,31 @@ TEST(OpChunk, RecordsRoundTripAlignedAndInOrder) {
   EXPECT_EQ(view.record(0), "single");
 }
 
+// More records than Accepts() lets in (a caller that only calls Add): the
+// header no longer fits the room reserved for it and Finish copies instead.
+// Both paths give the same value, and a writer is reusable after either.
+TEST(OpChunk, OversizedHeaderAndReuse) {
+  OpChunkWriter w;
+  for (size_t round = 0; round < 2; ++round) {
+    const size_t n = round == 0 ? kOpChunkMaxRecords + 5 : 3;
+    std::vector<std::string> records;
+    for (uint64_t i = 0; i < n; ++i) {
+      records.push_back(std::string(1 + i % 13, static_cast<char>('a' + i % 26)));
+      w.Add(i, reinterpret_cast<const uint8_t*>(records.back().data()), records.back().size());
+    }
+    for (ChunkCodec codec : {ChunkCodec::kNone, ChunkCodec::kLz4}) {
+      const std::string value(w.Finish(codec));
+      OpChunkView view;
+      ASSERT_TRUE(view.Open(n - 1, value, /*copy=*/true));
+      ASSERT_EQ(view.size(), n);
+      for (size_t i = 0; i < n; ++i) EXPECT_EQ(view.record(i), records[i]);
+    }
+    w.Clear();
+    EXPECT_TRUE(w.empty());
+    EXPECT_EQ(w.record_bytes(), 0u);
+  }
+}
+
 TEST(OpChunk, WriterLimitsChunkSize) {
   OpChunkWriter w;
   const std::string record(100, 'x');

@@ -732,6 +732,7 @@ void Core::EncodeSome(size_t max_batches) {
     actual += b.buffer.size();
     uint64_t seq = b.seq;
     Pending p;
+    p.bytes = std::make_shared<const flatbuffers::DetachedBuffer>(std::move(b.buffer));
     p.batch = std::move(b);
     p.created = now;
     pending_.emplace(seq, std::move(p));
@@ -794,7 +795,7 @@ void Core::ReceiveAcks(zmq::socket_t& sock) {
                                           " (" + why + "); dropping it (later rejections are only counted)");
       }
     }
-    unacked_bytes_.fetch_sub(it->second.batch.buffer.size(), std::memory_order_relaxed);
+    unacked_bytes_.fetch_sub(it->second.bytes->size(), std::memory_order_relaxed);
     pending_.erase(it);
   }
   if (progress) {
@@ -890,7 +891,13 @@ void Core::ConnectionLost() {
 }
 
 bool Core::Transmit(zmq::socket_t& sock, uint64_t seq, Pending& p, Clock::time_point now) {
-  zmq::message_t msg(p.batch.buffer.data(), p.batch.buffer.size());
+  // Zero-copy: the message points at the batch buffer and holds a reference
+  // to it, released by ZeroMQ (on its I/O thread, or here if the send fails)
+  // once the bytes are written or dropped. The buffer is never written again.
+  using Ref = std::shared_ptr<const flatbuffers::DetachedBuffer>;
+  zmq::message_t msg(
+      const_cast<uint8_t*>(p.bytes->data()), p.bytes->size(),
+      [](void*, void* ref) { delete static_cast<Ref*>(ref); }, new Ref(p.bytes));
   auto ok = sock.send(msg, zmq::send_flags::dontwait);
   if (!ok) return false;  // not connected (ZMQ_IMMEDIATE) or high-water mark: retry later
   if (p.attempts == 0) {
@@ -899,7 +906,7 @@ bool Core::Transmit(zmq::socket_t& sock, uint64_t seq, Pending& p, Clock::time_p
   } else {
     batches_resent_.fetch_add(1, std::memory_order_relaxed);
   }
-  bytes_sent_.fetch_add(p.batch.buffer.size(), std::memory_order_relaxed);
+  bytes_sent_.fetch_add(p.bytes->size(), std::memory_order_relaxed);
   if (!p.in_flight) {
     if (in_flight_.empty()) quiet_since_ = now;  // the silence is counted from here
     p.in_flight = true;

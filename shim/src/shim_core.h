@@ -101,7 +101,11 @@ class Core {
     uint64_t first = 0, last = 0, count = 0;
   };
   struct Pending {
-    EncodedBatch batch;
+    EncodedBatch batch;  // batch.buffer is moved into `bytes`
+    // The encoded batch, shared with ZeroMQ while a transmission of it is
+    // queued: messages are sent without a copy (Transmit), and the buffer
+    // goes when both the ack and ZeroMQ are done with it.
+    std::shared_ptr<const flatbuffers::DetachedBuffer> bytes;
     bool in_flight = false;  // sent on the current connection, not yet acknowledged
     uint32_t attempts = 0;   // transmissions so far (all connections)
     uint64_t tx = 0;         // number of its latest transmission (Core::next_tx_)
