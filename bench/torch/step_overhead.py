@@ -11,7 +11,9 @@ CPU time per step of rank 0's process (all its threads: the shim's sender,
 gloo's workers) and, for opguard, the daemon's CPU time per training step.
 On a shared machine wall time is noisy; the CPU figures show the work added.
 
-usage: step_overhead.py BUILD_DIR [--steps N] [--rounds R] [--ranks K]
+usage: step_overhead.py BUILD_DIR [--steps N] [--rounds R] [--ranks K] [--d-model D]
+(--d-model: the model's width, 32 by default as in the tests; wider models
+have larger ops, over which OpGuard's per-op cost is spread.)
 """
 import argparse
 import json
@@ -41,6 +43,7 @@ def main():
     parser.add_argument("--steps", type=int, default=25)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--d-model", type=int, default=32)
     args = parser.parse_args()
 
     tmp = tempfile.mkdtemp(prefix="opguard-overhead-")
@@ -85,9 +88,9 @@ def main():
                 if mode == "opguard":
                     env["OPGUARD_RUN"] = f"overhead-{round_}"
                 before = process_cpu_s(daemon.pid)
-                subprocess.run([PYTHON, TRAIN, "--spawn", str(args.ranks), "--steps",
-                                str(args.steps), "--times", times, *extra_args], env=env,
-                               check=True, capture_output=True, timeout=900)
+                command = [PYTHON, TRAIN, "--spawn", str(args.ranks), "--steps", str(args.steps),
+                           "--times", times, "--d-model", str(args.d_model), *extra_args]
+                subprocess.run(command, env=env, check=True, capture_output=True, timeout=900)
                 if mode == "opguard":
                     daemon_cpu_s += process_cpu_s(daemon.pid) - before
                     opguard_steps += args.steps
@@ -110,7 +113,7 @@ def main():
                 entry["daemon_cpu_ms_per_step"] = daemon_cpu_s * 1e3 / max(1, opguard_steps)
             benchmarks.append(entry)
         print(json.dumps({"context": {"steps": args.steps, "rounds": args.rounds,
-                                      "ranks": args.ranks},
+                                      "ranks": args.ranks, "d_model": args.d_model},
                           "benchmarks": benchmarks}, indent=1))
     finally:
         if daemon is not None:

@@ -8,6 +8,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from train_gpt import free_port
+
 
 def run(rank, world, out_dir):
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -24,5 +26,5 @@ def run(rank, world, out_dir):
 
 if __name__ == "__main__":
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
     mp.spawn(run, args=(2, sys.argv[1]), nprocs=2, join=True)

@@ -31,12 +31,21 @@ import datetime
 import json
 import math
 import os
+import socket
 import time
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+
+
+def free_port():
+    """A TCP port nothing listens on now (the rendezvous port of a spawned
+    job: a fixed or pid-derived one can collide with a concurrent test)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 class Attention(nn.Module):
@@ -129,7 +138,7 @@ def train(rank, world, args):
     torch.manual_seed(1234)  # same init on every rank, like DDP's broadcast would give
     kind, fault_rank, fault_step = parse_fault(args.fault)
     model_fault = kind if kind in ("reorder", "logging", "swap") and fault_rank in (-1, rank) else ""
-    model = core = TinyGPT(fault=model_fault)
+    model = core = TinyGPT(d_model=args.d_model, fault=model_fault)
     if args.ddp:  # gradients averaged by DDP's reducer, in C++, during backward
         from torch.nn.parallel import DistributedDataParallel
         model = DistributedDataParallel(core)
@@ -211,6 +220,8 @@ def main():
     parser.add_argument("--times", default="",
                         help="rank 0 writes its steps' wall times and its process's CPU times "
                              "(all threads) here")
+    parser.add_argument("--d-model", type=int, default=32,
+                        help="model width (benchmarks; the tests use the default)")
     parser.add_argument("--hash-every-output", action="store_true",
                         help="hash every op output in a Python TorchDispatchMode (benchmark)")
     parser.add_argument("--ddp", action="store_true",
@@ -224,7 +235,7 @@ def main():
     if args.spawn:
         import torch.multiprocessing as mp
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
         mp.spawn(run_rank, args=(args.spawn, args), nprocs=args.spawn, join=True)
     else:
         run_rank(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args)
