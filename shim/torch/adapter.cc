@@ -1042,33 +1042,33 @@ int64_t CollectiveComplete(int64_t token, at::TensorList outputs, int64_t name) 
 // happens at no fixed point of the issuing thread's op order.
 
 // Where the arguments of one c10d op are (the same positions in torch 1.13
-// and 2.x); -1: none.
+// and 2.x); -1: none. The process group is found by its type: its position
+// differs (c10d::barrier takes a tensor first in 2.x, not in 1.13).
 struct NativeKind {
   const char* op;     // c10d op name
   uint8_t kind;       // OPGUARD_COLL_*
   const char* label;  // torch.distributed's name, for "c10d::<label> [enter]"
   int inputs;         // Tensor, Tensor[] or Tensor[][]
   int outputs;        // fingerprinted after completion
-  int group;          // the process group
   int reduce_op;      // ReduceOp
   int root;           // int: root or peer rank in the group
 };
 constexpr NativeKind kNativeKinds[] = {
-    {"c10d::allreduce_", OPGUARD_COLL_ALL_REDUCE, "all_reduce", 0, 0, 1, 2, -1},
-    {"c10d::broadcast_", OPGUARD_COLL_BROADCAST, "broadcast", 0, 0, 1, -1, 2},
-    {"c10d::reduce_", OPGUARD_COLL_REDUCE, "reduce", 0, 0, 1, 2, 3},
-    {"c10d::allgather_", OPGUARD_COLL_ALL_GATHER, "all_gather", 1, 0, 2, -1, -1},
-    {"c10d::_allgather_base_", OPGUARD_COLL_ALL_GATHER, "all_gather_into_tensor", 1, 0, 2, -1, -1},
-    {"c10d::reduce_scatter_", OPGUARD_COLL_REDUCE_SCATTER, "reduce_scatter", 1, 0, 2, 3, -1},
-    {"c10d::_reduce_scatter_base_", OPGUARD_COLL_REDUCE_SCATTER, "reduce_scatter_tensor", 1, 0, 2,
-     3, -1},
-    {"c10d::alltoall_", OPGUARD_COLL_ALL_TO_ALL, "all_to_all", 1, 0, 2, -1, -1},
-    {"c10d::alltoall_base_", OPGUARD_COLL_ALL_TO_ALL, "all_to_all_single", 1, 0, 2, -1, -1},
-    {"c10d::gather_", OPGUARD_COLL_GATHER, "gather", 1, 0, 2, -1, 3},
-    {"c10d::scatter_", OPGUARD_COLL_SCATTER, "scatter", 1, 0, 2, -1, 3},
-    {"c10d::send", OPGUARD_COLL_SEND, "send", 0, -1, 1, -1, 2},
-    {"c10d::recv_", OPGUARD_COLL_RECV, "recv", -1, 0, 1, -1, 2},
-    {"c10d::barrier", OPGUARD_COLL_BARRIER, "barrier", -1, -1, 1, -1, -1},
+    {"c10d::allreduce_", OPGUARD_COLL_ALL_REDUCE, "all_reduce", 0, 0, 2, -1},
+    {"c10d::broadcast_", OPGUARD_COLL_BROADCAST, "broadcast", 0, 0, -1, 2},
+    {"c10d::reduce_", OPGUARD_COLL_REDUCE, "reduce", 0, 0, 2, 3},
+    {"c10d::allgather_", OPGUARD_COLL_ALL_GATHER, "all_gather", 1, 0, -1, -1},
+    {"c10d::_allgather_base_", OPGUARD_COLL_ALL_GATHER, "all_gather_into_tensor", 1, 0, -1, -1},
+    {"c10d::reduce_scatter_", OPGUARD_COLL_REDUCE_SCATTER, "reduce_scatter", 1, 0, 3, -1},
+    {"c10d::_reduce_scatter_base_", OPGUARD_COLL_REDUCE_SCATTER, "reduce_scatter_tensor", 1, 0, 3,
+     -1},
+    {"c10d::alltoall_", OPGUARD_COLL_ALL_TO_ALL, "all_to_all", 1, 0, -1, -1},
+    {"c10d::alltoall_base_", OPGUARD_COLL_ALL_TO_ALL, "all_to_all_single", 1, 0, -1, -1},
+    {"c10d::gather_", OPGUARD_COLL_GATHER, "gather", 1, 0, -1, 3},
+    {"c10d::scatter_", OPGUARD_COLL_SCATTER, "scatter", 1, 0, -1, 3},
+    {"c10d::send", OPGUARD_COLL_SEND, "send", 0, -1, -1, 2},
+    {"c10d::recv_", OPGUARD_COLL_RECV, "recv", -1, 0, -1, 2},
+    {"c10d::barrier", OPGUARD_COLL_BARRIER, "barrier", -1, -1, -1, -1},
 };
 
 // A collective between its Entered and Completed records.
@@ -1165,8 +1165,15 @@ std::unique_ptr<at::ObserverContext> NativeCollectiveStart(const at::RecordFunct
     return i >= 0 && static_cast<size_t>(i) < args.size() ? &args[static_cast<size_t>(i)]
                                                           : nullptr;
   };
-  if (arg(kind->group) == nullptr) return nullptr;
-  const uint64_t communicator = CommunicatorOf(*arg(kind->group), ts);
+  const c10::IValue* group = nullptr;
+  for (const c10::IValue& a : args) {
+    if (CustomClassOf(a, "ProcessGroup")) {
+      group = &a;
+      break;
+    }
+  }
+  if (group == nullptr) return nullptr;
+  const uint64_t communicator = CommunicatorOf(*group, ts);
   if (communicator == 0) return nullptr;
   auto native = std::make_shared<NativeCollective>();
   std::vector<at::Tensor> inputs;

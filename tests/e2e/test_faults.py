@@ -264,6 +264,29 @@ class AsyncCollective(harness.DaemonTestCase):
         self.assertEqual([(r["rank"], r["last_entered"], r["last_completed"]) for r in world["ranks"]],
                          [(0, 0, 0), (1, 0, 0)], json.dumps(world))
 
+    def test_every_collective_kind_is_recorded_on_every_rank(self):
+        out = os.path.join(self.tmp, "kinds")
+        os.makedirs(out)
+        env = self.site.env(OPGUARD=1, OPGUARD_RUN="kinds", OPGUARD_ENDPOINT=self.daemon.ingest)
+        subprocess.run([harness.PYTHON, os.path.join(harness.HERE, "collective_kinds.py"), out],
+                       env=env, check=True, timeout=300, capture_output=True)
+        with open(os.path.join(out, "kinds.json")) as f:
+            calls = json.load(f)
+        http = self.daemon.status["http"]
+        for rank in (0, 1):
+            url = f"http://{http}/api/runs/kinds/ranks/{rank}/trace?lane=0&from=0&max=10000"
+            with urllib.request.urlopen(url, timeout=30) as answer:
+                ops = json.load(answer)["ops"]
+            entered = [op["name"] for op in ops if op["name"].endswith(" [enter]")]
+            self.assertEqual(entered, [f"c10d::{call} [enter]" for call in calls])
+        report = self.daemon.cli_json("collectives", "kinds")
+        self.assertEqual(report["desyncs"], [], json.dumps(report)[:3000])
+        self.assertEqual(report["mismatches"], [], json.dumps(report)[:3000])
+        [world] = report["live"]
+        last = len(calls) - 1
+        self.assertEqual([(r["rank"], r["last_entered"], r["last_completed"]) for r in world["ranks"]],
+                         [(0, last, last), (1, last, last)], json.dumps(world))
+
     def fingerprint(self, path):
         result = subprocess.run([os.environ["OPGUARD_CLI"], "fingerprint", "--dtype", "float32",
                                  "--shape", "4096", path], capture_output=True, text=True,
