@@ -235,18 +235,38 @@ class Faults(harness.DaemonTestCase):
             self.assertEqual(member["site"]["line"], line)
 
 
-class AsyncCollective(harness.DaemonTestCase):
-    def test_async_all_reduce_is_fingerprinted_after_completion(self):
-        out = os.path.join(self.tmp, "async")
+class Collectives(harness.DaemonTestCase):
+    def run_job(self, script, run):
+        """Runs a two-rank job (tests/e2e/SCRIPT) under OPGUARD=1 as run `run`;
+        returns the folder it wrote its files to."""
+        out = os.path.join(self.tmp, run)
         os.makedirs(out)
-        env = self.site.env(OPGUARD=1, OPGUARD_RUN="async", OPGUARD_ENDPOINT=self.daemon.ingest)
-        subprocess.run([harness.PYTHON, os.path.join(harness.HERE, "collective_async.py"), out],
+        env = self.site.env(OPGUARD=1, OPGUARD_RUN=run, OPGUARD_ENDPOINT=self.daemon.ingest)
+        subprocess.run([harness.PYTHON, os.path.join(harness.HERE, script), out],
                        env=env, check=True, timeout=300, capture_output=True)
+        return out
+
+    def lane0(self, run, rank):
         http = self.daemon.status["http"]
+        url = f"http://{http}/api/runs/{run}/ranks/{rank}/trace?lane=0&from=0&max=10000"
+        with urllib.request.urlopen(url, timeout=30) as answer:
+            return json.load(answer)["ops"]
+
+    def assert_both_ranks_completed(self, run, last_seq):
+        """No desync, no output mismatch, and both ranks entered and completed
+        every collective up to `last_seq` on the world communicator."""
+        report = self.daemon.cli_json("collectives", run)
+        self.assertEqual(report["desyncs"], [], json.dumps(report)[:3000])
+        self.assertEqual(report["mismatches"], [], json.dumps(report)[:3000])
+        self.assertEqual(report["status"], "identical", json.dumps(report)[:3000])
+        [world] = report["live"]
+        self.assertEqual([(r["rank"], r["last_entered"], r["last_completed"]) for r in world["ranks"]],
+                         [(0, last_seq, last_seq), (1, last_seq, last_seq)], json.dumps(world))
+
+    def test_async_all_reduce_is_fingerprinted_after_completion(self):
+        out = self.run_job("collective_async.py", "async")
         for rank in (0, 1):
-            url = f"http://{http}/api/runs/async/ranks/{rank}/trace?lane=0&from=0&max=10000"
-            with urllib.request.urlopen(url, timeout=30) as answer:
-                ops = json.load(answer)["ops"]
+            ops = self.lane0("async", rank)
             entered = [op for op in ops if op["name"] == "c10d::all_reduce [enter]"]
             self.assertEqual(len(entered), 1, [op["name"] for op in ops])
             launched = self.fingerprint(os.path.join(out, f"input-{rank}.bin"))
@@ -255,37 +275,18 @@ class AsyncCollective(harness.DaemonTestCase):
             self.assertEqual(entered[0]["inputs"][0]["tensor"]["fingerprint"], launched)
         # The ranks launched different bytes and completed with the same sum:
         # outputs fingerprinted at launch would disagree (a mismatch), outputs
-        # taken after completion agree, and both ranks completed seq 0.
-        report = self.daemon.cli_json("collectives", "async")
-        self.assertEqual(report["mismatches"], [], json.dumps(report)[:3000])
-        self.assertEqual(report["desyncs"], [], json.dumps(report)[:3000])
-        self.assertEqual(report["status"], "identical", json.dumps(report)[:3000])
-        [world] = report["live"]
-        self.assertEqual([(r["rank"], r["last_entered"], r["last_completed"]) for r in world["ranks"]],
-                         [(0, 0, 0), (1, 0, 0)], json.dumps(world))
+        # taken after completion agree.
+        self.assert_both_ranks_completed("async", 0)
 
     def test_every_collective_kind_is_recorded_on_every_rank(self):
-        out = os.path.join(self.tmp, "kinds")
-        os.makedirs(out)
-        env = self.site.env(OPGUARD=1, OPGUARD_RUN="kinds", OPGUARD_ENDPOINT=self.daemon.ingest)
-        subprocess.run([harness.PYTHON, os.path.join(harness.HERE, "collective_kinds.py"), out],
-                       env=env, check=True, timeout=300, capture_output=True)
+        out = self.run_job("collective_kinds.py", "kinds")
         with open(os.path.join(out, "kinds.json")) as f:
             calls = json.load(f)
-        http = self.daemon.status["http"]
         for rank in (0, 1):
-            url = f"http://{http}/api/runs/kinds/ranks/{rank}/trace?lane=0&from=0&max=10000"
-            with urllib.request.urlopen(url, timeout=30) as answer:
-                ops = json.load(answer)["ops"]
-            entered = [op["name"] for op in ops if op["name"].endswith(" [enter]")]
+            entered = [op["name"] for op in self.lane0("kinds", rank)
+                       if op["name"].endswith(" [enter]")]
             self.assertEqual(entered, [f"c10d::{call} [enter]" for call in calls])
-        report = self.daemon.cli_json("collectives", "kinds")
-        self.assertEqual(report["desyncs"], [], json.dumps(report)[:3000])
-        self.assertEqual(report["mismatches"], [], json.dumps(report)[:3000])
-        [world] = report["live"]
-        last = len(calls) - 1
-        self.assertEqual([(r["rank"], r["last_entered"], r["last_completed"]) for r in world["ranks"]],
-                         [(0, last, last), (1, last, last)], json.dumps(world))
+        self.assert_both_ranks_completed("kinds", len(calls) - 1)
 
     def fingerprint(self, path):
         result = subprocess.run([os.environ["OPGUARD_CLI"], "fingerprint", "--dtype", "float32",
