@@ -252,16 +252,16 @@ class Collectives(harness.DaemonTestCase):
         with urllib.request.urlopen(url, timeout=30) as answer:
             return json.load(answer)["ops"]
 
-    def assert_both_ranks_completed(self, run, last_seq):
-        """No desync, no output mismatch, and both ranks entered and completed
-        every collective up to `last_seq` on the world communicator."""
+    def assert_completed(self, run, expected):
+        """No desync, no output mismatch, and per communicator name the
+        (rank, last entered seq, last completed seq) of each member."""
         report = self.daemon.cli_json("collectives", run)
         self.assertEqual(report["desyncs"], [], json.dumps(report)[:3000])
         self.assertEqual(report["mismatches"], [], json.dumps(report)[:3000])
         self.assertEqual(report["status"], "identical", json.dumps(report)[:3000])
-        [world] = report["live"]
-        self.assertEqual([(r["rank"], r["last_entered"], r["last_completed"]) for r in world["ranks"]],
-                         [(0, last_seq, last_seq), (1, last_seq, last_seq)], json.dumps(world))
+        live = {c["name"]: [(r["rank"], r["last_entered"], r["last_completed"]) for r in c["ranks"]]
+                for c in report["live"]}
+        self.assertEqual(live, expected, json.dumps(report["live"]))
 
     def test_async_all_reduce_is_fingerprinted_after_completion(self):
         out = self.run_job("collective_async.py", "async")
@@ -276,9 +276,9 @@ class Collectives(harness.DaemonTestCase):
         # The ranks launched different bytes and completed with the same sum:
         # outputs fingerprinted at launch would disagree (a mismatch), outputs
         # taken after completion agree.
-        self.assert_both_ranks_completed("async", 0)
+        self.assert_completed("async", {"world": [(0, 0, 0), (1, 0, 0)]})
 
-    def test_every_collective_kind_is_recorded_on_every_rank(self):
+    def test_every_collective_kind_is_recorded_on_its_communicator(self):
         out = self.run_job("collective_kinds.py", "kinds")
         with open(os.path.join(out, "kinds.json")) as f:
             calls = json.load(f)
@@ -286,7 +286,11 @@ class Collectives(harness.DaemonTestCase):
             entered = [op["name"] for op in self.lane0("kinds", rank)
                        if op["name"].endswith(" [enter]")]
             self.assertEqual(entered, [f"c10d::{call} [enter]" for call in calls])
-        self.assert_both_ranks_completed("kinds", len(calls) - 1)
+        # The last two calls are on subgroups: both ranks, then one rank each.
+        last = len(calls) - 3
+        self.assert_completed("kinds", {"world": [(0, last, last), (1, last, last)],
+                                        "pg0,1": [(0, 0, 0), (1, 0, 0)],
+                                        "pg0": [(0, 0, 0)], "pg1": [(1, 0, 0)]})
 
     def fingerprint(self, path):
         result = subprocess.run([os.environ["OPGUARD_CLI"], "fingerprint", "--dtype", "float32",
