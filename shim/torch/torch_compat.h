@@ -101,11 +101,16 @@ inline uint8_t ReduceOpCode(const c10::IValue& v) {
 }
 
 // The future a collective's work completes (on the backend's own thread,
-// with the outputs final), or null if `v` is not a work or has none.
+// with the outputs final), or null if `v` is not a work or has none (gloo's
+// send/recv works throw from getFuture).
 inline c10::intrusive_ptr<c10::ivalue::Future> WorkFuture(const c10::IValue& v) {
   auto holder = CustomClassOf(v, "Work");
   if (!holder) return {};
-  return static_cast<c10d::Work*>(holder.get())->getFuture();
+  try {
+    return static_cast<c10d::Work*>(holder.get())->getFuture();
+  } catch (const std::exception&) {
+    return {};
+  }
 }
 
 }  // namespace opguard::torch_adapter

@@ -3,7 +3,7 @@ supports (torch 1.13 has no reduce_scatter or all_gather_into_tensor on
 gloo), then an all-reduce on a two-rank and on a one-rank subgroup, for the
 test that every kind is recorded (Entered and Completed on both ranks,
 outputs agreeing where they must) on the right communicator. Writes
-DIR/kinds.json: the calls made, in order."""
+DIR/kinds-RANK.json: the calls each rank made, in order."""
 import json
 import os
 import sys
@@ -34,15 +34,20 @@ def run(rank, world, out_dir):
     call("scatter", lambda: dist.scatter(
         torch.empty(8), [base.clone(), base.clone()] if rank == 0 else None, src=0))
     call("barrier", dist.barrier)
+    # Point to point: gloo's send/recv works have no future (no Completed
+    # record); recording goes on after them.
+    if rank == 0:
+        call("send", lambda: dist.send(base.clone(), dst=1))
+    else:
+        call("recv", lambda: dist.recv(torch.empty(8), src=0))
     # Subgroups: the opguard package names each the first time it is used
     # (both ranks; one rank each).
     pair = dist.new_group([0, 1])
     solo = [dist.new_group([r]) for r in range(world)]
     call("all_reduce", lambda: dist.all_reduce(base.clone(), group=pair))
     call("all_reduce", lambda: dist.all_reduce(base.clone(), group=solo[rank]))
-    if rank == 0:
-        with open(os.path.join(out_dir, "kinds.json"), "w") as f:
-            json.dump(calls, f)
+    with open(os.path.join(out_dir, f"kinds-{rank}.json"), "w") as f:
+        json.dump(calls, f)
     dist.destroy_process_group()
 
 
