@@ -208,6 +208,15 @@ std::vector<uint64_t> Aligned(const std::string& bytes) {
   return out;
 }
 
+// Two optional vectors of scalars (shapes, kernel ids), element by element.
+template <typename T>
+void ExpectSameScalars(const flatbuffers::Vector<T>* a, const flatbuffers::Vector<T>* b) {
+  ASSERT_EQ(a == nullptr, b == nullptr);
+  if (a == nullptr) return;
+  ASSERT_EQ(a->size(), b->size());
+  for (uint32_t i = 0; i < a->size(); ++i) EXPECT_EQ(a->Get(i), b->Get(i));
+}
+
 void ExpectSameSig(const wire::TensorSig* a, const wire::TensorSig* b) {
   ASSERT_EQ(a == nullptr, b == nullptr);
   if (a == nullptr) return;
@@ -218,12 +227,7 @@ void ExpectSameSig(const wire::TensorSig* a, const wire::TensorSig* b) {
   }
   EXPECT_EQ(a->dtype(), b->dtype());
   EXPECT_EQ(a->device(), b->device());
-  ASSERT_EQ(a->shape() == nullptr, b->shape() == nullptr);
-  if (a->shape()) {
-    ASSERT_EQ(a->shape()->size(), b->shape()->size());
-    for (uint32_t i = 0; i < a->shape()->size(); ++i)
-      EXPECT_EQ(a->shape()->Get(i), b->shape()->Get(i));
-  }
+  ExpectSameScalars(a->shape(), b->shape());
   ASSERT_EQ(a->stats() == nullptr, b->stats() == nullptr);
   if (a->stats()) {
     EXPECT_EQ(a->stats()->nan_count(), b->stats()->nan_count());
@@ -256,12 +260,7 @@ void ExpectSameOp(const wire::OpRecord* a, const wire::OpRecord* b) {
   EXPECT_EQ(a->duration_ns(), b->duration_ns());
   EXPECT_EQ(a->nondeterministic(), b->nondeterministic());
   EXPECT_EQ(a->replicated(), b->replicated());
-  ASSERT_EQ(a->kernels() == nullptr, b->kernels() == nullptr);
-  if (a->kernels()) {
-    ASSERT_EQ(a->kernels()->size(), b->kernels()->size());
-    for (uint32_t i = 0; i < a->kernels()->size(); ++i)
-      EXPECT_EQ(a->kernels()->Get(i), b->kernels()->Get(i));
-  }
+  ExpectSameScalars(a->kernels(), b->kernels());
   ASSERT_EQ(a->inputs() == nullptr, b->inputs() == nullptr);
   if (a->inputs()) {
     ASSERT_EQ(a->inputs()->size(), b->inputs()->size());
