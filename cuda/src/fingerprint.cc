@@ -488,21 +488,65 @@ inline void Widen(__m256 f, __m256d& v0, __m256d& v1) {
   v1 = _mm256_cvtps_pd(_mm256_extractf128_ps(f, 1));
 }
 
+// Avx2FloatTile for float32, with the finiteness test and min/max of finite
+// groups done on the eight floats before widening. Widening is exact and
+// monotonic, so the float min/max equal the double ones. They are folded
+// into the double slots before every non-finite group and at the end with
+// the newer values as MINPD/MAXPD's second operand, which wins ties: Add4's
+// `v <= mn` also keeps the later of equal values (-0 and +0 included).
+inline TileFloat Avx2Float32Tile(const uint8_t* p, uint64_t n) {
+  FloatAcc8 acc;
+  Avx2Slots lo = Load4(acc, 0), hi = Load4(acc, 4);
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256 inf = _mm256_set1_ps(std::numeric_limits<float>::infinity());
+  const __m256 neg_inf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  __m256 mn = inf, mx = neg_inf;
+  auto fold = [&] {
+    __m256d a0, a1;
+    Widen(mn, a0, a1);
+    lo.mn = _mm256_min_pd(lo.mn, a0);
+    hi.mn = _mm256_min_pd(hi.mn, a1);
+    Widen(mx, a0, a1);
+    lo.mx = _mm256_max_pd(lo.mx, a0);
+    hi.mx = _mm256_max_pd(hi.mx, a1);
+    mn = inf;
+    mx = neg_inf;
+  };
+  uint64_t e = 0;
+  for (; e + 8 <= n; e += 8) {
+    const __m256 f = _mm256_loadu_ps(reinterpret_cast<const float*>(p + e * 4));
+    const __m256 finite = _mm256_cmp_ps(_mm256_andnot_ps(sign, f), inf, _CMP_LT_OQ);
+    __m256d v0, v1;
+    Widen(f, v0, v1);
+    if (_mm256_movemask_ps(finite) == 0xFF) {
+      mn = _mm256_min_ps(mn, f);
+      mx = _mm256_max_ps(mx, f);
+      lo.s = _mm256_add_pd(lo.s, v0);
+      lo.q = _mm256_add_pd(lo.q, _mm256_mul_pd(v0, v0));
+      hi.s = _mm256_add_pd(hi.s, v1);
+      hi.q = _mm256_add_pd(hi.q, _mm256_mul_pd(v1, v1));
+    } else {
+      fold();
+      Add4(lo, v0);
+      Add4(hi, v1);
+    }
+  }
+  fold();
+  Store4(lo, acc, 0);
+  Store4(hi, acc, 4);
+  for (; e < n; ++e) {
+    float v;
+    std::memcpy(&v, p + e * 4, 4);
+    acc.Add(e % 8, static_cast<double>(v));
+  }
+  return acc.Finish(n);
+}
+
 void StatsTileAvx2(DType d, const uint8_t* p, uint64_t len, TileFloat* f, TileInt* i) {
   switch (d) {
     case DType::kFloat32:
     case DType::kComplex64:
-      *f = Avx2FloatTile(
-          len / 4,
-          [p](uint64_t e, __m256d& v0, __m256d& v1) {
-            Widen(_mm256_loadu_ps(reinterpret_cast<const float*>(p + e * 4)), v0, v1);
-          },
-          p, 4,
-          [](const uint8_t* q) {
-            float v;
-            std::memcpy(&v, q, 4);
-            return static_cast<double>(v);
-          });
+      *f = Avx2Float32Tile(p, len / 4);
       return;
     case DType::kFloat64:
     case DType::kComplex128:
