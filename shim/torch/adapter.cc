@@ -108,9 +108,15 @@ class ForwardSites {
 ForwardSites* g_forward_sites = new ForwardSites();
 
 // Fingerprints of tensors seen on this thread, so the output of one op is not
-// hashed again as the input of the next. An entry is valid while the storage
-// object is alive (weak reference: a freed buffer whose address is reused
-// never hits) and the tensor's version counter is unchanged.
+// hashed again as the input of the next. An entry is valid while its weak
+// reference still points at the tensor's storage object (a weak reference
+// keeps the object's memory, so its address cannot be taken by a new
+// storage) and the tensor's version counter is unchanged.
+//
+// A fixed table indexed by a hash of the key, one entry per slot: a new entry
+// replaces whatever held its slot, which only costs a later miss. Nothing is
+// allocated per entry, and a whole step's entries are dropped by moving to
+// the next epoch.
 class FingerprintCache {
  public:
   struct Key {
@@ -120,41 +126,41 @@ class FingerprintCache {
     size_t layout_hash;
     bool operator==(const Key&) const = default;
   };
-  struct KeyHash {
-    size_t operator()(const Key& k) const {
-      return std::hash<const void*>()(k.data) ^ (k.layout_hash * 31) ^ k.version;
-    }
-  };
   struct Value {
-    c10::weak_intrusive_ptr<c10::StorageImpl> storage;
-    uint64_t lo, hi;
-    opguard_tensor_stats stats;
-    uint8_t has_stats;
-    uint64_t generation = 0;  // set by Put
+    // (weak references have no default constructor: an empty one is made
+    // from an empty strong reference)
+    c10::weak_intrusive_ptr<c10::StorageImpl> storage{c10::intrusive_ptr<c10::StorageImpl>()};
+    uint64_t lo = 0, hi = 0;
+    opguard_tensor_stats stats{};
+    uint8_t has_stats = 0;
   };
 
   const Value* Find(const Key& key, const c10::StorageImpl* storage) {
-    auto it = map_.find(key);
-    if (it == map_.end()) return nullptr;
-    auto alive = it->second.storage.lock();
-    bool valid = alive && alive.get() == storage;
-    if (valid && !written_.empty()) {
-      auto w = written_.find(storage);
-      valid = w == written_.end() || it->second.generation >= w->second;
-    }
-    if (!valid) {
-      map_.erase(it);
+    Slot& slot = slots_[SlotOf(key)];
+    if (slot.epoch != epoch_ || !(slot.key == key) ||
+        slot.value.storage._unsafe_get_target() != storage) {
       return nullptr;
     }
-    return &it->second;
+    if (!written_.empty()) {
+      auto w = written_.find(storage);
+      if (w != written_.end() && slot.generation < w->second) {
+        slot.epoch = 0;
+        return nullptr;
+      }
+    }
+    return &slot.value;
   }
   void Put(const Key& key, Value value) {
-    if (map_.size() >= 8192 || written_.size() >= 4096) Clear();
-    value.generation = generation_;
-    map_.insert_or_assign(key, std::move(value));
+    if (written_.size() >= 4096) Clear();
+    Slot& slot = slots_[SlotOf(key)];
+    slot.key = key;
+    slot.value = std::move(value);
+    slot.generation = generation_;
+    slot.epoch = epoch_;
   }
+  // Drops every entry (their weak references go when their slots are reused).
   void Clear() {
-    map_.clear();
+    ++epoch_;
     written_.clear();
   }
   // The storage's bytes changed without a version bump: entries of it (any
@@ -162,7 +168,22 @@ class FingerprintCache {
   void StorageWritten(const c10::StorageImpl* storage) { written_[storage] = ++generation_; }
 
  private:
-  std::unordered_map<Key, Value, KeyHash> map_;
+  static constexpr size_t kSlots = 4096;  // a power of two
+  struct Slot {
+    Key key{};
+    Value value{};
+    uint64_t generation = 0;
+    uint64_t epoch = 0;  // valid only when equal to the cache's
+  };
+  static size_t SlotOf(const Key& k) {
+    uint64_t h = reinterpret_cast<uintptr_t>(k.data) ^ (k.layout_hash * 0x9E3779B97F4A7C15ull) ^
+                 (uint64_t{k.version} << 32) ^ k.dtype;
+    h ^= h >> 29;
+    h *= 0xBF58476D1CE4E5B9ull;
+    return (h ^ (h >> 32)) & (kSlots - 1);
+  }
+  std::vector<Slot> slots_ = std::vector<Slot>(kSlots);
+  uint64_t epoch_ = 1;
   // Storages written behind the version counter, by the generation of their
   // last such write; entries put before it are stale.
   std::unordered_map<const c10::StorageImpl*, uint64_t> written_;
@@ -379,44 +400,75 @@ class OpContext final : public at::ObserverContext {
   }
 };
 
+// Copies `count` elements of `T` that lie `stride` elements apart.
+template <typename T>
+inline void CopyStrided(uint8_t* out, const uint8_t* src, int64_t count, int64_t stride) {
+  for (int64_t i = 0; i < count; ++i, src += stride * static_cast<int64_t>(sizeof(T))) {
+    T v;
+    std::memcpy(&v, src, sizeof(T));
+    std::memcpy(out + i * static_cast<int64_t>(sizeof(T)), &v, sizeof(T));
+  }
+}
+
 // Copies the elements of a strided tensor into `buf` in logical (row-major)
 // order. False (nothing copied) above kMaxGatherBytes: the fingerprint then
 // reads the strided tensor itself.
+//
+// Dimensions of size 1 are dropped and neighbours that are contiguous with
+// each other merged first, so that a transposed view walks as few rows as
+// its layout allows; rows whose elements lie apart are copied by element
+// size (views of weights and attention heads: most strided tensors here).
 constexpr size_t kMaxGatherBytes = 1u << 20;
 bool GatherLogical(const void* data, size_t element_size, at::IntArrayRef sizes,
                    at::IntArrayRef strides, std::vector<uint8_t>& buf) {
-  const size_t ndim = sizes.size();
-  if (ndim == 0) return false;
   size_t numel = 1;
   for (int64_t d : sizes) numel *= static_cast<size_t>(d);
-  if (numel == 0 || numel * element_size > kMaxGatherBytes) return false;
+  if (sizes.empty() || numel == 0 || numel * element_size > kMaxGatherBytes) return false;
+  c10::SmallVector<int64_t, 8> size, stride;  // collapsed, outermost first
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    if (sizes[d] == 1) continue;
+    if (!size.empty() && stride.back() == strides[d] * sizes[d]) {
+      size.back() *= sizes[d];
+      stride.back() = strides[d];
+    } else {
+      size.push_back(sizes[d]);
+      stride.push_back(strides[d]);
+    }
+  }
+  if (size.empty()) {  // a single element
+    size.push_back(1);
+    stride.push_back(1);
+  }
   buf.resize(numel * element_size);
+  const size_t ndim = size.size();
   const auto* base = static_cast<const uint8_t*>(data);
   uint8_t* out = buf.data();
-  const int64_t inner = sizes[ndim - 1];
-  const int64_t inner_step = strides[ndim - 1] * static_cast<int64_t>(element_size);
+  const int64_t inner = size[ndim - 1];
+  const int64_t inner_stride = stride[ndim - 1];
+  const size_t row_bytes = static_cast<size_t>(inner) * element_size;
   c10::SmallVector<int64_t, 8> index(ndim, 0);
   int64_t row_offset = 0;  // in elements, of index[0 .. ndim-2]
-  for (size_t done = 0; done < numel; done += static_cast<size_t>(inner)) {
+  for (size_t done = 0; done < numel; done += static_cast<size_t>(inner), out += row_bytes) {
     const uint8_t* src = base + row_offset * static_cast<int64_t>(element_size);
-    if (inner_step == static_cast<int64_t>(element_size)) {
-      std::memcpy(out, src, static_cast<size_t>(inner) * element_size);
-      out += static_cast<size_t>(inner) * element_size;
+    if (inner_stride == 1) {
+      std::memcpy(out, src, row_bytes);
     } else {
-      for (int64_t i = 0; i < inner; ++i, out += element_size, src += inner_step) {
-        switch (element_size) {
-          case 1: *out = *src; break;
-          case 2: std::memcpy(out, src, 2); break;
-          case 4: std::memcpy(out, src, 4); break;
-          case 8: std::memcpy(out, src, 8); break;
-          default: std::memcpy(out, src, element_size); break;
-        }
+      switch (element_size) {
+        case 1: CopyStrided<uint8_t>(out, src, inner, inner_stride); break;
+        case 2: CopyStrided<uint16_t>(out, src, inner, inner_stride); break;
+        case 4: CopyStrided<uint32_t>(out, src, inner, inner_stride); break;
+        case 8: CopyStrided<uint64_t>(out, src, inner, inner_stride); break;
+        default:
+          for (int64_t i = 0; i < inner; ++i) {
+            std::memcpy(out + i * static_cast<int64_t>(element_size),
+                        src + i * inner_stride * static_cast<int64_t>(element_size), element_size);
+          }
       }
     }
     for (size_t d = ndim - 1; d-- > 0;) {
-      row_offset += strides[d];
-      if (++index[d] < sizes[d]) break;
-      row_offset -= strides[d] * sizes[d];
+      row_offset += stride[d];
+      if (++index[d] < size[d]) break;
+      row_offset -= stride[d] * size[d];
       index[d] = 0;
     }
   }

@@ -136,5 +136,27 @@ TEST_F(AdapterTest, OptimizerStepAndReplicatedRegionOpsAreFlagged) {
   EXPECT_EQ(after["aten::cos"], 0);
 }
 
+// A strided output is fingerprinted in logical element order, as its
+// contiguous copy is: every clone (contiguous output) carries the fingerprint
+// of the view the op before it made (transposes, permutes, steps, size-1 and
+// stride-0 dimensions, every element size, and one view too large to gather).
+TEST_F(AdapterTest, StridedViewsAreFingerprintedInLogicalOrder) {
+  const std::string endpoint = "ipc://" + dir_ + "/ingest.sock";
+  FakeDaemon ingest(endpoint);
+  ASSERT_TRUE(ingest.Start());
+  ASSERT_EQ(RunPython(OPGUARD_ADAPTER_TESTDATA "/strided_views.py", endpoint), 0) << log_;
+  EXPECT_EQ(ingest.Snapshot().invalid, 0u);
+
+  const auto ops = Lane0Ops(ingest);
+  size_t clones = 0;
+  for (size_t i = 1; i < ops.size(); ++i) {
+    if (ops[i].second != "aten::clone") continue;
+    ++clones;
+    const auto& [view, view_name] = ops[i - 1];
+    EXPECT_EQ(ops[i].first.out_lo, view.out_lo) << "clone " << clones << " of " << view_name;
+  }
+  EXPECT_EQ(clones, 10u * 7u + 1u) << log_;
+}
+
 }  // namespace
 }  // namespace opguard::torch_adapter
