@@ -8,8 +8,10 @@ interleaved so that machine noise hits all three alike:
 Prints Google-Benchmark-shaped JSON (scripts/bench.sh renders the table):
 median step time per mode and the ratios to plain; beside them the median
 CPU time per step of rank 0's process (all its threads: the shim's sender,
-gloo's workers) and, for opguard, the daemon's CPU time per training step.
-On a shared machine wall time is noisy; the CPU figures show the work added.
+gloo's workers), of its training thread alone, and, for opguard, the
+daemon's CPU time per training step. On a shared machine wall time is noisy;
+the CPU figures show the work added, and where: a wall ratio above the
+training thread's CPU ratio is time the thread spent waiting for a core.
 
 usage: step_overhead.py BUILD_DIR [--steps N] [--rounds R] [--ranks K] [--d-model D]
 (--d-model: the model's width, 32 by default as in the tests; wider models
@@ -80,6 +82,7 @@ def main():
         }
         samples = {mode: [] for mode in modes}
         cpu = {mode: [] for mode in modes}
+        thread_cpu = {mode: [] for mode in modes}
         daemon_cpu_s, opguard_steps = 0.0, 0
         for round_ in range(args.rounds):
             for mode, (extra_env, extra_args) in modes.items():
@@ -98,17 +101,21 @@ def main():
                     recorded = json.load(f)
                 samples[mode].extend(recorded["wall"][2:])  # first steps warm up
                 cpu[mode].extend(recorded["cpu"][2:])
+                thread_cpu[mode].extend(recorded["thread_cpu"][2:])
         medians = {mode: statistics.median(values) for mode, values in samples.items()}
         cpu_medians = {mode: statistics.median(values) for mode, values in cpu.items()}
+        thread_medians = {mode: statistics.median(values) for mode, values in thread_cpu.items()}
         benchmarks = []
         for mode, median in medians.items():
             entry = {"name": f"train_step/{mode}", "run_type": "iteration",
                      "iterations": len(samples[mode]), "real_time": median * 1e3,
                      "cpu_time": median * 1e3, "time_unit": "ms"}
             entry["cpu_ms_per_step"] = cpu_medians[mode] * 1e3
+            entry["thread_cpu_ms_per_step"] = thread_medians[mode] * 1e3
             if mode != "plain":
                 entry["ratio_to_plain"] = median / medians["plain"]
                 entry["cpu_ratio_to_plain"] = cpu_medians[mode] / cpu_medians["plain"]
+                entry["thread_cpu_ratio_to_plain"] = thread_medians[mode] / thread_medians["plain"]
             if mode == "opguard":
                 entry["daemon_cpu_ms_per_step"] = daemon_cpu_s * 1e3 / max(1, opguard_steps)
             benchmarks.append(entry)

@@ -145,9 +145,10 @@ def train(rank, world, args):
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     gen = torch.Generator().manual_seed(100 + rank)  # each rank its own data shard
     lr_scale = torch.ones(1)
-    step_times, step_cpu = [], []
+    step_times, step_cpu, step_thread_cpu = [], [], []
     for step in range(args.steps):
         started, started_cpu = time.perf_counter(), time.process_time()
+        started_thread_cpu = time.thread_time()
         if kind == "wflip" and rank == fault_rank and step == fault_step:
             flip_bit_in_memory(core.head.weight, index=7, bit=22)
         # Rank 0 decides the step's learning-rate scale for everyone.
@@ -172,9 +173,10 @@ def train(rank, world, args):
             print(f"step {step} loss {loss.item():.6f}", flush=True)
         step_times.append(time.perf_counter() - started)
         step_cpu.append(time.process_time() - started_cpu)
+        step_thread_cpu.append(time.thread_time() - started_thread_cpu)
     if args.times and rank == 0:
         with open(args.times, "w") as f:
-            json.dump({"wall": step_times, "cpu": step_cpu}, f)
+            json.dump({"wall": step_times, "cpu": step_cpu, "thread_cpu": step_thread_cpu}, f)
 
 
 class HashEveryOutput:
@@ -218,8 +220,8 @@ def main():
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--fault", default="")
     parser.add_argument("--times", default="",
-                        help="rank 0 writes its steps' wall times and its process's CPU times "
-                             "(all threads) here")
+                        help="rank 0 writes its steps' wall times, its process's CPU times "
+                             "(all threads) and its training thread's CPU times here")
     parser.add_argument("--d-model", type=int, default=32,
                         help="model width (benchmarks; the tests use the default)")
     parser.add_argument("--hash-every-output", action="store_true",
