@@ -659,8 +659,10 @@ void MergeFloatCounts(TileFloat& into, const TileFloat& t) {
 
 namespace internal {
 
-Fingerprint FingerprintHostWith(const TensorView& tensor, const HostOptions& options) {
+Fingerprint FingerprintHostWith(const TensorView& tensor, const HostOptions& options,
+                                ByteSums* sums) {
   Fingerprint result;
+  if (sums != nullptr) *sums = ByteSums{};
   if (!ValidateView(tensor).empty()) return result;
   const uint64_t es = DTypeSize(tensor.dtype);
   const uint64_t total = static_cast<uint64_t>(NumElements(tensor.shape)) * es;
@@ -758,11 +760,8 @@ Fingerprint FingerprintHostWith(const TensorView& tensor, const HostOptions& opt
     MergeFloatCounts(f, part.f);
     ints.Merge(part.i);
   }
-  const MetaKey mk = ComputeMeta(tensor.dtype, tensor.shape);
-  spec::Meta meta;
-  meta.lo = mk.lo;
-  meta.hi = mk.hi;
-  spec::Finalize(lanes, meta, &result.digest.lo, &result.digest.hi);
+  if (sums != nullptr) *sums = ByteSums{lanes.a0, lanes.a1};
+  result.digest = Refinalize(ByteSums{lanes.a0, lanes.a1}, tensor.dtype, tensor.shape);
 
   if (options.stats) {
     Stats& s = result.stats;
@@ -790,6 +789,25 @@ Fingerprint FingerprintHost(const TensorView& tensor, int threads) {
   internal::HostOptions options;
   options.threads = threads;
   return internal::FingerprintHostWith(tensor, options);
+}
+
+Fingerprint FingerprintHost(const TensorView& tensor, int threads, ByteSums* sums) {
+  internal::HostOptions options;
+  options.threads = threads;
+  return internal::FingerprintHostWith(tensor, options, sums);
+}
+
+Digest Refinalize(const ByteSums& sums, DType dtype, std::span<const int64_t> shape) {
+  const MetaKey mk = ComputeMeta(dtype, shape);
+  spec::Meta meta;
+  meta.lo = mk.lo;
+  meta.hi = mk.hi;
+  spec::Lanes lanes;
+  lanes.a0 = sums.a0;
+  lanes.a1 = sums.a1;
+  Digest digest;
+  spec::Finalize(lanes, meta, &digest.lo, &digest.hi);
+  return digest;
 }
 
 Digest DigestHost(const TensorView& tensor, int threads) {

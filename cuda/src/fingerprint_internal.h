@@ -27,6 +27,7 @@ struct HostOptions {
 // True when this CPU runs the AVX2 path (checked once at runtime).
 bool CpuHasAvx2();
 
-Fingerprint FingerprintHostWith(const TensorView& tensor, const HostOptions& options);
+Fingerprint FingerprintHostWith(const TensorView& tensor, const HostOptions& options,
+                                ByteSums* sums = nullptr);
 
 }  // namespace opguard::fingerprint::internal

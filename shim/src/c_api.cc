@@ -291,11 +291,22 @@ OPGUARD_API int opguard_get_counters(opguard_counters* out) {
 
 OPGUARD_API int opguard_fingerprint_host(const void* data, uint8_t dtype, const int64_t* shape,
                                          uint32_t ndim, const int64_t* strides, opguard_tensor* out) {
+  return opguard_fingerprint_host_sums(data, dtype, shape, ndim, strides, out, nullptr);
+}
+
+namespace {
+bool ValidFingerprintArgs(uint8_t dtype, const int64_t* shape, uint32_t ndim) {
+  return (ndim == 0 || shape != nullptr) && ndim <= 64 && dtype != 0 &&
+         dtype <= OPGUARD_DTYPE_COMPLEX128;
+}
+}  // namespace
+
+OPGUARD_API int opguard_fingerprint_host_sums(const void* data, uint8_t dtype,
+                                              const int64_t* shape, uint32_t ndim,
+                                              const int64_t* strides, opguard_tensor* out,
+                                              opguard_byte_sums* sums) {
   return Guard("opguard_fingerprint_host", OPGUARD_ERR_INVALID, [&] {
-    if (out == nullptr || (ndim != 0 && shape == nullptr) || ndim > 64 || dtype == 0 ||
-        dtype > OPGUARD_DTYPE_COMPLEX128) {
-      return OPGUARD_ERR_INVALID;
-    }
+    if (out == nullptr || !ValidFingerprintArgs(dtype, shape, ndim)) return OPGUARD_ERR_INVALID;
 #ifdef OPGUARD_SHIM_HAVE_FINGERPRINT
     namespace fp = opguard::fingerprint;
     int64_t elements = 1;
@@ -309,7 +320,8 @@ OPGUARD_API int opguard_fingerprint_host(const void* data, uint8_t dtype, const 
     view.dtype = static_cast<fp::DType>(dtype);
     view.shape = std::span<const int64_t>(shape, ndim);
     if (strides != nullptr) view.strides = std::span<const int64_t>(strides, ndim);
-    fp::Fingerprint f = fp::FingerprintHost(view, 1);
+    fp::ByteSums byte_sums;
+    fp::Fingerprint f = fp::FingerprintHost(view, 1, &byte_sums);
     *out = opguard_tensor{};
     out->fp_lo = f.digest.lo;
     out->fp_hi = f.digest.hi;
@@ -319,10 +331,36 @@ OPGUARD_API int opguard_fingerprint_host(const void* data, uint8_t dtype, const 
     out->has_stats = 1;
     out->device = -1;
     out->stats = {f.stats.nan_count, f.stats.inf_count, f.stats.min, f.stats.max, f.stats.sum, f.stats.l2};
+    if (sums != nullptr) *sums = opguard_byte_sums{byte_sums.a0, byte_sums.a1};
     return OPGUARD_OK;
 #else
     (void)data;
     (void)strides;
+    (void)sums;
+    return OPGUARD_ERR_UNSUPPORTED;
+#endif
+  });
+}
+
+OPGUARD_API int opguard_fingerprint_reshape(const opguard_byte_sums* sums, uint8_t dtype,
+                                            const int64_t* shape, uint32_t ndim,
+                                            opguard_tensor* out) {
+  return Guard("opguard_fingerprint_reshape", OPGUARD_ERR_INVALID, [&] {
+    if (sums == nullptr || out == nullptr || !ValidFingerprintArgs(dtype, shape, ndim)) {
+      return OPGUARD_ERR_INVALID;
+    }
+#ifdef OPGUARD_SHIM_HAVE_FINGERPRINT
+    namespace fp = opguard::fingerprint;
+    const fp::Digest d = fp::Refinalize(fp::ByteSums{sums->a0, sums->a1},
+                                        static_cast<fp::DType>(dtype),
+                                        std::span<const int64_t>(shape, ndim));
+    out->fp_lo = d.lo;
+    out->fp_hi = d.hi;
+    out->shape = shape;
+    out->ndim = ndim;
+    out->dtype = dtype;
+    return OPGUARD_OK;
+#else
     return OPGUARD_ERR_UNSUPPORTED;
 #endif
   });

@@ -11,11 +11,13 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -241,6 +243,45 @@ TEST_F(ApiTest, FingerprintHelper) {
   EXPECT_FALSE(a.fp_lo == b.fp_lo && a.fp_hi == b.fp_hi);
   EXPECT_EQ(opguard_fingerprint_host(data, 0, shape, 2, nullptr, &b), OPGUARD_ERR_INVALID);
   EXPECT_EQ(opguard_fingerprint_host(data, OPGUARD_DTYPE_FLOAT32, nullptr, 2, nullptr, &b),
+            OPGUARD_ERR_INVALID);
+}
+
+// A reshape of the same bytes, finalized from their sums, equals the bytes
+// fingerprinted under the new shape, for many buffers and shapes; a shape
+// change still changes the fingerprint.
+TEST_F(ApiTest, ReshapeFromByteSumsEqualsFingerprintOfTheNewShape) {
+  std::vector<float> data(720);
+  uint64_t state = 7;
+  for (int trial = 0; trial < 50; ++trial) {
+    for (float& v : data) {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      v = static_cast<float>(static_cast<int64_t>(state >> 40) - (1 << 23)) / 4096.0f;
+    }
+    const int64_t from[] = {720};
+    opguard_tensor flat = {};
+    opguard_byte_sums sums = {};
+    const int rc = opguard_fingerprint_host_sums(data.data(), OPGUARD_DTYPE_FLOAT32, from, 1,
+                                                 nullptr, &flat, &sums);
+    if (rc == OPGUARD_ERR_UNSUPPORTED) GTEST_SKIP() << "built without opguard_fingerprint";
+    ASSERT_EQ(rc, OPGUARD_OK);
+    const std::vector<std::vector<int64_t>> shapes = {{720}, {24, 30}, {30, 24}, {2, 3, 4, 30},
+                                                      {720, 1}, {1, 720}};
+    for (const auto& to : shapes) {
+      opguard_tensor direct = {}, reshaped = flat;
+      ASSERT_EQ(opguard_fingerprint_host(data.data(), OPGUARD_DTYPE_FLOAT32, to.data(),
+                                         static_cast<uint32_t>(to.size()), nullptr, &direct),
+                OPGUARD_OK);
+      ASSERT_EQ(opguard_fingerprint_reshape(&sums, OPGUARD_DTYPE_FLOAT32, to.data(),
+                                            static_cast<uint32_t>(to.size()), &reshaped),
+                OPGUARD_OK);
+      EXPECT_EQ(reshaped.fp_lo, direct.fp_lo) << trial << " rank " << to.size();
+      EXPECT_EQ(reshaped.fp_hi, direct.fp_hi);
+      EXPECT_EQ(reshaped.ndim, to.size());
+      EXPECT_EQ(std::memcmp(&reshaped.stats, &direct.stats, sizeof(direct.stats)), 0);
+      if (to.size() > 1) EXPECT_NE(reshaped.fp_lo, flat.fp_lo) << "shape not mixed in";
+    }
+  }
+  EXPECT_EQ(opguard_fingerprint_reshape(nullptr, OPGUARD_DTYPE_FLOAT32, nullptr, 0, nullptr),
             OPGUARD_ERR_INVALID);
 }
 

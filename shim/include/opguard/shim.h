@@ -50,8 +50,9 @@
 extern "C" {
 #endif
 
-/* Version of this header's API; opguard_api_version() returns the library's. */
-#define OPGUARD_SHIM_API_VERSION 1
+/* Version of this header's API; opguard_api_version() returns the library's.
+ * 2: opguard_fingerprint_host_sums, opguard_fingerprint_reshape. */
+#define OPGUARD_SHIM_API_VERSION 2
 
 /* ---- return codes ------------------------------------------------------ */
 #define OPGUARD_OK 0
@@ -288,6 +289,28 @@ OPGUARD_API int opguard_get_counters(opguard_counters* out);
  * whether or not recording is enabled. */
 OPGUARD_API int opguard_fingerprint_host(const void* data, uint8_t dtype, const int64_t* shape,
                                          uint32_t ndim, const int64_t* strides, opguard_tensor* out);
+
+/* The two sums over a tensor's logical bytes that its fingerprint finalizes
+ * with its dtype and shape (opaque to callers). */
+typedef struct opguard_byte_sums {
+  uint64_t a0;
+  uint64_t a1;
+} opguard_byte_sums;
+
+/* opguard_fingerprint_host that also fills `sums` (may be NULL). */
+OPGUARD_API int opguard_fingerprint_host_sums(const void* data, uint8_t dtype,
+                                              const int64_t* shape, uint32_t ndim,
+                                              const int64_t* strides, opguard_tensor* out,
+                                              opguard_byte_sums* sums);
+
+/* The fingerprint of the same bytes under another shape of the same dtype
+ * (a reshape or view of a contiguous tensor, whose statistics are also the
+ * same): sets out's fp_lo, fp_hi, dtype, shape and ndim from `sums` and
+ * leaves its other fields as they are. The caller vouches that the bytes
+ * are those `sums` came from (same dtype, same byte length). */
+OPGUARD_API int opguard_fingerprint_reshape(const opguard_byte_sums* sums, uint8_t dtype,
+                                            const int64_t* shape, uint32_t ndim,
+                                            opguard_tensor* out);
 
 #ifdef __cplusplus
 }  /* extern "C" */

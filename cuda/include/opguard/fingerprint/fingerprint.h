@@ -86,6 +86,22 @@ int64_t NumElements(std::span<const int64_t> shape);
 // otherwise a one-line reason.
 std::string ValidateView(const TensorView& tensor);
 
+// The two 64-bit sums over a tensor's logical byte stream, before Finalize
+// mixes in the dtype and shape: a tensor with the same bytes under another
+// shape of the same dtype (a reshape or view of a contiguous tensor) has the
+// same sums and statistics, so its digest is Refinalize(sums, dtype, shape)
+// without reading the bytes again.
+struct ByteSums {
+  uint64_t a0 = 0;
+  uint64_t a1 = 0;
+};
+
+// FingerprintHost that also returns the byte sums (may be null).
+Fingerprint FingerprintHost(const TensorView& tensor, int threads, ByteSums* sums);
+
+// The digest of bytes with `sums` as a tensor of `dtype` and `shape`.
+Digest Refinalize(const ByteSums& sums, DType dtype, std::span<const int64_t> shape);
+
 // The 128-bit metadata term (dtype, shape, byte length) that Finalize mixes
 // into the lane sums. Exposed so the CUDA launcher computes it on the host.
 struct MetaKey {
