@@ -119,20 +119,26 @@ ForwardSites* g_forward_sites = new ForwardSites();
 // the next epoch.
 class FingerprintCache {
  public:
+  // Contiguous tensors are keyed by their bytes (`extent` = byte length),
+  // whatever their shape; strided ones by their layout (`extent` = a hash of
+  // sizes and strides).
   struct Key {
     const void* data;
     uint32_t version;
     uint8_t dtype;
-    size_t layout_hash;
+    bool contiguous;
+    size_t extent;
     bool operator==(const Key&) const = default;
   };
   struct Value {
     // (weak references have no default constructor: an empty one is made
     // from an empty strong reference)
     c10::weak_intrusive_ptr<c10::StorageImpl> storage{c10::intrusive_ptr<c10::StorageImpl>()};
-    uint64_t lo = 0, hi = 0;
+    uint64_t lo = 0, hi = 0;  // the fingerprint under the layout hashed in `layout_hash`
     opguard_tensor_stats stats{};
     uint8_t has_stats = 0;
+    opguard_byte_sums sums{};  // contiguous entries: other shapes are finalized from these
+    size_t layout_hash = 0;
   };
 
   const Value* Find(const Key& key, const c10::StorageImpl* storage) {
@@ -176,7 +182,7 @@ class FingerprintCache {
     uint64_t epoch = 0;  // valid only when equal to the cache's
   };
   static size_t SlotOf(const Key& k) {
-    uint64_t h = reinterpret_cast<uintptr_t>(k.data) ^ (k.layout_hash * 0x9E3779B97F4A7C15ull) ^
+    uint64_t h = reinterpret_cast<uintptr_t>(k.data) ^ (k.extent * 0x9E3779B97F4A7C15ull) ^
                  (uint64_t{k.version} << 32) ^ k.dtype;
     h ^= h >> 29;
     h *= 0xBF58476D1CE4E5B9ull;
@@ -499,17 +505,28 @@ bool FingerprintTensor(const at::Tensor& t, OpContext& ctx, ThreadState& ts, opg
     layout_hash = layout_hash * 1000003u ^ static_cast<size_t>(sizes[i]);
     layout_hash = layout_hash * 1000003u ^ static_cast<size_t>(strides[i]);
   }
-  FingerprintCache::Key key{data, TensorVersion(t), dtype, layout_hash};
+  // A contiguous tensor's entry serves every shape of its bytes: a reshape
+  // or view of it (view, reshape, flatten, squeeze, ...) is finalized from
+  // the cached byte sums without reading the bytes (docs/fingerprint.md).
+  const bool contiguous = t.is_contiguous();
+  const uint32_t ndim = static_cast<uint32_t>(sizes.size());
+  FingerprintCache::Key key{data, TensorVersion(t), dtype, contiguous,
+                            contiguous ? t.numel() * t.element_size() : layout_hash};
   if (data != nullptr && cached) {
     if (const auto* hit = ts.cache.Find(key, storage)) {
-      out->fp_lo = hit->lo;
-      out->fp_hi = hit->hi;
+      if (hit->layout_hash == layout_hash) {
+        out->fp_lo = hit->lo;
+        out->fp_hi = hit->hi;
+      } else if (opguard_fingerprint_reshape(&hit->sums, dtype, sizes.data(), ndim, out) !=
+                 OPGUARD_OK) {
+        return false;
+      }
       out->stats = hit->stats;
       out->has_stats = hit->has_stats;
       out->dtype = dtype;
       out->device = -1;
       out->shape = OpContext::AsOffset(offset);
-      out->ndim = static_cast<uint32_t>(sizes.size());
+      out->ndim = ndim;
       return true;
     }
   }
@@ -519,21 +536,23 @@ bool FingerprintTensor(const at::Tensor& t, OpContext& ctx, ThreadState& ts, opg
   // tile buffer per call.
   const void* bytes = data;
   const int64_t* fp_strides = nullptr;
-  if (data != nullptr && !t.is_contiguous()) {
+  if (data != nullptr && !contiguous) {
     if (!GatherLogical(data, t.element_size(), sizes, strides, ts.gather)) {
       fp_strides = strides.data();
     } else {
       bytes = ts.gather.data();
     }
   }
-  if (opguard_fingerprint_host(bytes, dtype, sizes.data(), static_cast<uint32_t>(sizes.size()),
-                               fp_strides, out) != OPGUARD_OK) {
+  opguard_byte_sums sums{};
+  if (opguard_fingerprint_host_sums(bytes, dtype, sizes.data(), ndim, fp_strides, out, &sums) !=
+      OPGUARD_OK) {
     return false;
   }
   out->shape = OpContext::AsOffset(offset);
   if (data != nullptr) {
     ts.cache.Put(key, FingerprintCache::Value{t.storage().getWeakStorageImpl(), out->fp_lo,
-                                              out->fp_hi, out->stats, out->has_stats});
+                                              out->fp_hi, out->stats, out->has_stats, sums,
+                                              layout_hash});
   }
   return true;
 }

@@ -1,7 +1,9 @@
-"""Run by adapter_test (shim/torch/adapter_test.cc) under OPGUARD=1: strided
-views of several dtypes and layouts, each cloned right after the op that made
-it. A strided tensor is fingerprinted in its logical element order, so each
-clone's (contiguous) output must carry the fingerprint of the view before it."""
+"""Run by adapter_test (shim/torch/adapter_test.cc) under OPGUARD=1: views of
+several dtypes and layouts, each cloned right after the op that made it. A
+strided tensor is fingerprinted in its logical element order, and a
+contiguous view of a tensor already fingerprinted is finalized from the
+cached sums of its bytes: either way each clone's (contiguous, freshly
+hashed) output must carry the fingerprint of the view before it."""
 import opguard
 import torch
 
@@ -15,6 +17,10 @@ views = [
     lambda x: x[:, 3:4],                      # one column: size-1 dimension
     lambda x: x[:, :1].expand(12, 7),         # stride 0
     lambda x: x.view(2, 6, 5)[:, ::3].transpose(1, 2),
+    lambda x: x.view(60),                     # contiguous views of the same bytes
+    lambda x: x.view(3, 20),
+    lambda x: x.unsqueeze(0),
+    lambda x: x[4:8],                         # contiguous, other bytes of the storage
 ]
 for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64,
               torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool):
