@@ -6,7 +6,8 @@ interleaved so that machine noise hits all three alike:
   dispatch   a Python TorchDispatchMode hashing every op output (the approach
              of PyTorch's DebugMode), no OpGuard
 Prints Google-Benchmark-shaped JSON (scripts/bench.sh renders the table):
-median step time per mode and the ratios to plain; beside them the median
+median step time per mode and the ratios to plain (of the medians over all
+rounds, and per round to the plain run just before it); beside them the median
 CPU time per step of rank 0's process (all its threads: the shim's sender,
 gloo's workers), of its training thread alone, and, for opguard, the
 daemon's CPU time per training step. On a shared machine wall time is noisy;
@@ -81,6 +82,7 @@ def main():
             "dispatch": ({}, ["--hash-every-output"]),
         }
         samples = {mode: [] for mode in modes}
+        round_medians = {mode: [] for mode in modes}  # per round: paired ratios
         cpu = {mode: [] for mode in modes}
         thread_cpu = {mode: [] for mode in modes}
         daemon_cpu_s, opguard_steps = 0.0, 0
@@ -100,6 +102,7 @@ def main():
                 with open(times) as f:
                     recorded = json.load(f)
                 samples[mode].extend(recorded["wall"][2:])  # first steps warm up
+                round_medians[mode].append(statistics.median(recorded["wall"][2:]))
                 cpu[mode].extend(recorded["cpu"][2:])
                 thread_cpu[mode].extend(recorded["thread_cpu"][2:])
         medians = {mode: statistics.median(values) for mode, values in samples.items()}
@@ -116,6 +119,10 @@ def main():
                 entry["ratio_to_plain"] = median / medians["plain"]
                 entry["cpu_ratio_to_plain"] = cpu_medians[mode] / cpu_medians["plain"]
                 entry["thread_cpu_ratio_to_plain"] = thread_medians[mode] / thread_medians["plain"]
+                # Each round's ratio to the plain run just before it: their
+                # spread shows how much the machine moved between processes.
+                entry["round_ratios"] = [round(m / p, 3) for m, p in
+                                         zip(round_medians[mode], round_medians["plain"])]
             if mode == "opguard":
                 entry["daemon_cpu_ms_per_step"] = daemon_cpu_s * 1e3 / max(1, opguard_steps)
             benchmarks.append(entry)
