@@ -24,6 +24,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -207,24 +208,33 @@ class UninitialisedStorages {
  public:
   void Add(const at::Tensor& t) {
     if (!t.defined() || !t.has_storage()) return;
-    if (map_.size() >= 4096) map_.clear();
-    map_.insert_or_assign(t.storage().unsafeGetStorageImpl(), t.storage().getWeakStorageImpl());
+    if (map_.size() >= 4096) Clear();
+    const c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+    map_.insert_or_assign(storage, t.storage().getWeakStorageImpl());
+    filter_[FilterBit(storage) / 64] |= uint64_t{1} << (FilterBit(storage) % 64);
   }
+  // Most outputs are fresh storages: a bit filter in front of the map
+  // answers them without a hash lookup. A storage found in the map is the
+  // one it was added as (its weak reference keeps the address from reuse).
   bool Contains(const at::Tensor& t) {
     if (map_.empty() || !t.defined() || !t.has_storage()) return false;
-    auto it = map_.find(t.storage().unsafeGetStorageImpl());
-    if (it == map_.end()) return false;
-    auto alive = it->second.lock();
-    if (!alive || alive.get() != t.storage().unsafeGetStorageImpl()) {
-      map_.erase(it);
-      return false;
-    }
-    return true;
+    const c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+    if ((filter_[FilterBit(storage) / 64] >> (FilterBit(storage) % 64) & 1) == 0) return false;
+    return map_.count(storage) != 0;
   }
   void Remove(const at::Tensor& t) { map_.erase(t.storage().unsafeGetStorageImpl()); }
 
  private:
+  static constexpr size_t kFilterBits = 1u << 15;
+  static size_t FilterBit(const c10::StorageImpl* storage) {
+    return (reinterpret_cast<uintptr_t>(storage) * 0x9E3779B97F4A7C15ull >> 40) % kFilterBits;
+  }
+  void Clear() {
+    map_.clear();
+    filter_.fill(0);
+  }
   std::unordered_map<const c10::StorageImpl*, c10::weak_intrusive_ptr<c10::StorageImpl>> map_;
+  std::array<uint64_t, kFilterBits / 64> filter_{};
 };
 
 // Interned names by the address of the name RecordFunction hands out. Names
