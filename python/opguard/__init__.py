@@ -9,6 +9,8 @@ torch — no change to the training code. Explicit use:
     opguard.mark_step()   # step boundary for loops without torch.optim
     with opguard.replicated():  # ops every data-parallel replica must agree on
         ...
+    with opguard.paused():  # not observed at all (evaluation, checkpointing)
+        ...
 
 Everything here follows the shim's rule: never raise into, block or crash the
 training process. Failures print one warning line and recording stays off.
@@ -17,11 +19,14 @@ import contextlib
 import ctypes
 import os
 import sys
+import threading
 
-__all__ = ["enable", "enabled", "mark_step", "replicated", "counters"]
+__all__ = ["enable", "enabled", "mark_step", "replicated", "paused", "counters"]
 
 _LIB_DIR = os.environ.get("OPGUARD_LIBDIR") or os.path.join(os.path.dirname(__file__), "lib")
 _state = {"shim": None, "torch": None, "enabled": False, "pending_rank": False}
+_pause_lock = threading.Lock()
+_pause_depth = [0]
 
 
 def _warn(message):
@@ -42,6 +47,8 @@ def _load():
         adapter.opguard_torch_lane.restype = ctypes.c_uint32
         adapter.opguard_torch_replicated_begin.restype = ctypes.c_int
         adapter.opguard_torch_replicated_end.restype = ctypes.c_int
+        adapter.opguard_torch_pause.argtypes = [ctypes.c_int]
+        adapter.opguard_torch_pause.restype = ctypes.c_int
         _state["shim"], _state["torch"] = shim, adapter
     return _state["shim"], _state["torch"]
 
@@ -119,6 +126,30 @@ def replicated():
     finally:
         if adapter is not None:
             adapter.opguard_torch_replicated_end()
+
+
+@contextlib.contextmanager
+def paused():
+    """Ops run in the body, on any thread, are neither observed nor recorded:
+    OpGuard unregisters its torch callbacks on entry and registers them again
+    on exit, so the body runs at full speed (an evaluation loop, a
+    checkpoint). Two runs compare op for op only if they pause at the same
+    points; an optimizer step inside does not count as a step. Regions nest;
+    usable as a decorator too. Does nothing while not recording."""
+    adapter = _state["torch"] if _state["enabled"] else None
+    if adapter is not None:
+        with _pause_lock:
+            _pause_depth[0] += 1
+            if _pause_depth[0] == 1:
+                adapter.opguard_torch_pause(1)
+    try:
+        yield
+    finally:
+        if adapter is not None:
+            with _pause_lock:
+                _pause_depth[0] -= 1
+                if _pause_depth[0] == 0:
+                    adapter.opguard_torch_pause(0)
 
 
 class _Counters(ctypes.Structure):

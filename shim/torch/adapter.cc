@@ -909,6 +909,19 @@ using namespace opguard::torch_adapter;
 namespace opguard::torch_adapter {
 namespace {
 
+// Serialises registering and unregistering the callbacks (opguard.paused()
+// may be used from several threads).
+std::mutex g_callback_mu;
+
+at::CallbackHandle AddCallbacks() {
+  return at::addGlobalCallback(
+      at::RecordFunctionCallback(&OnStart, &OnEnd)
+          .needsInputs(true)
+          .needsOutputs(true)
+          .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION,
+                   at::RecordScope::USER_SCOPE}));
+}
+
 // OPGUARD_NESTED_OPS: unset, empty or 0 = off, 1 = on; anything else warns
 // once and keeps nested ops observed (the behaviour that cannot hide an op
 // from another observer).
@@ -1361,15 +1374,32 @@ __attribute__((visibility("default"))) int opguard_torch_enable(int all_depths,
       g_registered.store(true);
       g_main_thread = std::this_thread::get_id();
       g_foreign_global_observer = at::hasGlobalCallbacks();
-      g_handle = at::addGlobalCallback(
-          at::RecordFunctionCallback(&OnStart, &OnEnd)
-              .needsInputs(true)
-              .needsOutputs(true)
-              .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION,
-                       at::RecordScope::USER_SCOPE}));
+      std::lock_guard<std::mutex> lock(g_callback_mu);
+      g_handle = AddCallbacks();
     }
     g_skip_nested.store(all_depths == 0 && !g_foreign_global_observer && !KeepNestedOps());
     g_recording.store(true);
+    return 1;
+  } catch (const std::exception& e) {
+    DisableOnce(e.what());
+    return 0;
+  }
+}
+
+// opguard.paused(): with `paused` set, the callbacks are unregistered, so
+// the ops that run meanwhile cost nothing (torch does not even box their
+// arguments) and are not recorded, on any thread; cleared, they are
+// registered again. Returns 1 when the state was changed or already so.
+__attribute__((visibility("default"))) int opguard_torch_pause(int paused) {
+  try {
+    std::lock_guard<std::mutex> lock(g_callback_mu);
+    if (!g_registered.load()) return 0;
+    if (paused != 0 && g_handle != 0) {
+      at::removeCallback(g_handle);
+      g_handle = 0;
+    } else if (paused == 0 && g_handle == 0) {
+      g_handle = AddCallbacks();
+    }
     return 1;
   } catch (const std::exception& e) {
     DisableOnce(e.what());

@@ -160,5 +160,27 @@ TEST_F(AdapterTest, StridedViewsAreFingerprintedInLogicalOrder) {
   EXPECT_EQ(clones, 10u * 11u + 1u) << log_;
 }
 
+// Ops run inside opguard.paused() regions are not recorded, on any thread,
+// nested regions included; recording resumes when the outermost one ends.
+TEST_F(AdapterTest, PausedRegionsAreNotRecorded) {
+  const std::string endpoint = "ipc://" + dir_ + "/ingest.sock";
+  FakeDaemon ingest(endpoint);
+  ASSERT_TRUE(ingest.Start());
+  ASSERT_EQ(RunPython(OPGUARD_ADAPTER_TESTDATA "/paused.py", endpoint), 0) << log_;
+  const auto received = ingest.Snapshot();
+  EXPECT_EQ(received.invalid, 0u);
+  std::map<std::string, int> recorded;
+  for (const ReceivedOp& op : received.ops) {
+    auto it = received.strings.find(op.name);
+    if (it != received.strings.end()) ++recorded[it->second];
+  }
+  EXPECT_EQ(recorded["aten::tan"], 1) << log_;
+  EXPECT_EQ(recorded["aten::cos"], 1);
+  EXPECT_EQ(recorded["aten::atan"], 1);
+  for (const char* name : {"aten::sin", "aten::exp", "aten::sinh", "aten::cosh"}) {
+    EXPECT_EQ(recorded.count(name), 0u) << name << " was recorded while paused";
+  }
+}
+
 }  // namespace
 }  // namespace opguard::torch_adapter
