@@ -5,6 +5,11 @@ interleaved so that machine noise hits all three alike:
   opguard    OPGUARD=1, recording into a real opguardd (--local, temp dir)
   dispatch   a Python TorchDispatchMode hashing every op output (the approach
              of PyTorch's DebugMode), no OpGuard
+  in_process OPGUARD=1 with every other step (in a seeded order) inside
+             opguard.paused(): recorded against unrecorded steps of the same
+             process, which the machine's drift between processes cannot skew
+             (the daemon and the shim's sender may still be busy with the
+             previous step's records during a paused one)
 Prints Google-Benchmark-shaped JSON (scripts/bench.sh renders the table):
 median step time per mode and the ratios to plain (of the medians over all
 rounds, and per round to the plain run just before it); beside them the median
@@ -80,7 +85,12 @@ def main():
             "plain": ({}, []),
             "opguard": ({"OPGUARD": "1", "OPGUARD_ENDPOINT": f"ipc://{tmp}/d/ingest.sock"}, []),
             "dispatch": ({}, ["--hash-every-output"]),
+            # One process, every other step inside opguard.paused(): recorded
+            # and unrecorded steps under the same conditions.
+            "in_process": ({"OPGUARD": "1", "OPGUARD_ENDPOINT": f"ipc://{tmp}/d/ingest.sock"},
+                           ["--alternate-paused"]),
         }
+        recorded_steps, paused_steps = [], []
         samples = {mode: [] for mode in modes}
         round_medians = {mode: [] for mode in modes}  # per round: paired ratios
         cpu = {mode: [] for mode in modes}
@@ -90,8 +100,8 @@ def main():
             for mode, (extra_env, extra_args) in modes.items():
                 times = os.path.join(tmp, f"{mode}-{round_}.json")
                 env = dict(base_env, **extra_env)
-                if mode == "opguard":
-                    env["OPGUARD_RUN"] = f"overhead-{round_}"
+                if mode in ("opguard", "in_process"):
+                    env["OPGUARD_RUN"] = f"{mode}-{round_}"
                 before = process_cpu_s(daemon.pid)
                 command = [PYTHON, TRAIN, "--spawn", str(args.ranks), "--steps", str(args.steps),
                            "--times", times, "--d-model", str(args.d_model), *extra_args]
@@ -101,13 +111,18 @@ def main():
                     opguard_steps += args.steps
                 with open(times) as f:
                     recorded = json.load(f)
+                if mode == "in_process":
+                    for wall, paused in list(zip(recorded["wall"], recorded["paused"]))[4:]:
+                        (paused_steps if paused else recorded_steps).append(wall)
+                    continue
                 samples[mode].extend(recorded["wall"][2:])  # first steps warm up
                 round_medians[mode].append(statistics.median(recorded["wall"][2:]))
                 cpu[mode].extend(recorded["cpu"][2:])
                 thread_cpu[mode].extend(recorded["thread_cpu"][2:])
-        medians = {mode: statistics.median(values) for mode, values in samples.items()}
-        cpu_medians = {mode: statistics.median(values) for mode, values in cpu.items()}
-        thread_medians = {mode: statistics.median(values) for mode, values in thread_cpu.items()}
+        del modes["in_process"]
+        medians = {mode: statistics.median(samples[mode]) for mode in modes}
+        cpu_medians = {mode: statistics.median(cpu[mode]) for mode in modes}
+        thread_medians = {mode: statistics.median(thread_cpu[mode]) for mode in modes}
         benchmarks = []
         for mode, median in medians.items():
             entry = {"name": f"train_step/{mode}", "run_type": "iteration",
@@ -126,6 +141,13 @@ def main():
             if mode == "opguard":
                 entry["daemon_cpu_ms_per_step"] = daemon_cpu_s * 1e3 / max(1, opguard_steps)
             benchmarks.append(entry)
+        recorded_median = statistics.median(recorded_steps)
+        benchmarks.append({"name": "train_step/in_process_recorded_vs_paused",
+                           "run_type": "iteration", "iterations": len(recorded_steps),
+                           "real_time": recorded_median * 1e3, "cpu_time": recorded_median * 1e3,
+                           "time_unit": "ms",
+                           "paused_ms": statistics.median(paused_steps) * 1e3,
+                           "ratio_to_paused": recorded_median / statistics.median(paused_steps)})
         print(json.dumps({"context": {"steps": args.steps, "rounds": args.rounds,
                                       "ranks": args.ranks, "d_model": args.d_model},
                           "benchmarks": benchmarks}, indent=1))

@@ -26,11 +26,13 @@ Launch: torchrun --nproc_per_node 4 train_gpt.py --steps 3, or
         python3 train_gpt.py --spawn 4 --steps 3 (torch.multiprocessing.spawn).
 """
 import argparse
+import contextlib
 import ctypes
 import datetime
 import json
 import math
 import os
+import random
 import socket
 import time
 
@@ -126,6 +128,15 @@ def flip_bit_in_memory(tensor, index, bit):
     word.value ^= 1 << bit
 
 
+def opguard_paused():
+    """opguard.paused(), or nothing when OpGuard is not installed."""
+    try:
+        import opguard
+    except ImportError:
+        return contextlib.nullcontext()
+    return opguard.paused()
+
+
 def parse_fault(text):
     parts = text.split(":") if text else [""]
     kind = parts[0]
@@ -146,37 +157,49 @@ def train(rank, world, args):
     gen = torch.Generator().manual_seed(100 + rank)  # each rank its own data shard
     lr_scale = torch.ones(1)
     step_times, step_cpu, step_thread_cpu = [], [], []
+    # --alternate-paused: in each pair of steps one (in an order the seed
+    # picks, the same on every rank) runs inside opguard.paused(), so that a
+    # benchmark compares recorded and unrecorded steps of one process.
+    pause_order = random.Random(7)
+    paused_steps = []
     for step in range(args.steps):
-        started, started_cpu = time.perf_counter(), time.process_time()
-        started_thread_cpu = time.thread_time()
-        if kind == "wflip" and rank == fault_rank and step == fault_step:
-            flip_bit_in_memory(core.head.weight, index=7, bit=22)
-        # Rank 0 decides the step's learning-rate scale for everyone.
-        root = rank if kind == "desync" and rank == fault_rank and step == fault_step else 0
-        dist.broadcast(lr_scale, src=root)
-        idx = torch.randint(0, 64, (4, 16), generator=gen)
-        target = torch.roll(idx, -1, dims=1)
-        logits = model(idx)
-        loss = F.cross_entropy(logits.view(-1, 64), target.view(-1))
-        opt.zero_grad()
-        loss.backward()
-        if kind == "bitflip" and rank == fault_rank and step == fault_step:
-            flip_bit_in_memory(core.head.weight.grad, index=7, bit=22)
-        if not args.ddp:
-            for p in model.parameters():  # data-parallel gradient average
-                dist.all_reduce(p.grad)
-                p.grad /= world
-        if kind == "sdc" and rank == fault_rank and step == fault_step:
-            flip_bit_in_memory(core.head.weight.grad, index=7, bit=22)
-        opt.step()
-        if rank == 0:
-            print(f"step {step} loss {loss.item():.6f}", flush=True)
-        step_times.append(time.perf_counter() - started)
-        step_cpu.append(time.process_time() - started_cpu)
-        step_thread_cpu.append(time.thread_time() - started_thread_cpu)
+        if args.alternate_paused and step % 2 == 0:
+            pair = [True, False]
+            pause_order.shuffle(pair)
+        pause = args.alternate_paused and pair[step % 2]
+        paused_steps.append(pause)
+        with opguard_paused() if pause else contextlib.nullcontext():
+            started, started_cpu = time.perf_counter(), time.process_time()
+            started_thread_cpu = time.thread_time()
+            if kind == "wflip" and rank == fault_rank and step == fault_step:
+                flip_bit_in_memory(core.head.weight, index=7, bit=22)
+            # Rank 0 decides the step's learning-rate scale for everyone.
+            root = rank if kind == "desync" and rank == fault_rank and step == fault_step else 0
+            dist.broadcast(lr_scale, src=root)
+            idx = torch.randint(0, 64, (4, 16), generator=gen)
+            target = torch.roll(idx, -1, dims=1)
+            logits = model(idx)
+            loss = F.cross_entropy(logits.view(-1, 64), target.view(-1))
+            opt.zero_grad()
+            loss.backward()
+            if kind == "bitflip" and rank == fault_rank and step == fault_step:
+                flip_bit_in_memory(core.head.weight.grad, index=7, bit=22)
+            if not args.ddp:
+                for p in model.parameters():  # data-parallel gradient average
+                    dist.all_reduce(p.grad)
+                    p.grad /= world
+            if kind == "sdc" and rank == fault_rank and step == fault_step:
+                flip_bit_in_memory(core.head.weight.grad, index=7, bit=22)
+            opt.step()
+            if rank == 0:
+                print(f"step {step} loss {loss.item():.6f}", flush=True)
+            step_times.append(time.perf_counter() - started)
+            step_cpu.append(time.process_time() - started_cpu)
+            step_thread_cpu.append(time.thread_time() - started_thread_cpu)
     if args.times and rank == 0:
         with open(args.times, "w") as f:
-            json.dump({"wall": step_times, "cpu": step_cpu, "thread_cpu": step_thread_cpu}, f)
+            json.dump({"wall": step_times, "cpu": step_cpu, "thread_cpu": step_thread_cpu,
+                       "paused": paused_steps}, f)
 
 
 class HashEveryOutput:
@@ -226,6 +249,9 @@ def main():
                         help="model width (benchmarks; the tests use the default)")
     parser.add_argument("--hash-every-output", action="store_true",
                         help="hash every op output in a Python TorchDispatchMode (benchmark)")
+    parser.add_argument("--alternate-paused", action="store_true",
+                        help="run one step of each pair inside opguard.paused() (benchmark: "
+                             "recorded against unrecorded steps of one process)")
     parser.add_argument("--ddp", action="store_true",
                         help="wrap the model in DistributedDataParallel instead of "
                              "averaging gradients with dist.all_reduce")
