@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -45,7 +46,23 @@ class AdapterTest : public ::testing::Test {
     ASSERT_NE(mkdtemp(dir), nullptr);
     dir_ = dir;
   }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
+  void TearDown() override {
+    ingest_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  // Runs testdata/`script` under OPGUARD=1 against a fresh fake daemon
+  // (`ingest_`, left running): it must exit 0 with every batch valid.
+  ::testing::AssertionResult Record(const std::string& script) {
+    const std::string endpoint = "ipc://" + dir_ + "/ingest.sock";
+    ingest_ = std::make_unique<FakeDaemon>(endpoint);
+    if (!ingest_->Start()) return ::testing::AssertionFailure() << "the fake daemon did not start";
+    const int status = RunPython(std::string(OPGUARD_ADAPTER_TESTDATA) + "/" + script, endpoint);
+    if (status != 0) return ::testing::AssertionFailure() << script << ": status " << status << "\n" << log_;
+    const uint64_t invalid = ingest_->Snapshot().invalid;
+    if (invalid != 0) return ::testing::AssertionFailure() << invalid << " invalid batches";
+    return ::testing::AssertionSuccess();
+  }
 
   // Runs `script` with OPGUARD=1 as rank 0 of 1 against `ingest`; returns
   // its exit status (stderr is kept in `log_`).
@@ -67,19 +84,16 @@ class AdapterTest : public ::testing::Test {
 
   std::string dir_;
   std::string log_;
+  std::unique_ptr<FakeDaemon> ingest_;
 };
 
 // Ops inside torch.optim's Optimizer.step and inside opguard.replicated() are
 // flagged replicated; forward and backward ops, and ops outside the region,
 // are not.
 TEST_F(AdapterTest, OptimizerStepAndReplicatedRegionOpsAreFlagged) {
-  const std::string endpoint = "ipc://" + dir_ + "/ingest.sock";
-  FakeDaemon ingest(endpoint);
-  ASSERT_TRUE(ingest.Start());
-  ASSERT_EQ(RunPython(OPGUARD_ADAPTER_TESTDATA "/replicated_train.py", endpoint), 0) << log_;
-  EXPECT_EQ(ingest.Snapshot().invalid, 0u);
+  ASSERT_TRUE(Record("replicated_train.py"));
 
-  const auto ops = Lane0Ops(ingest);
+  const auto ops = Lane0Ops(*ingest_);
   ASSERT_FALSE(ops.empty()) << log_;
   for (size_t i = 0; i < ops.size(); ++i) ASSERT_EQ(ops[i].first.op_index, i) << "missing ops";
 
@@ -143,13 +157,9 @@ TEST_F(AdapterTest, OptimizerStepAndReplicatedRegionOpsAreFlagged) {
 // it made (transposes, permutes, steps, size-1 and stride-0 dimensions,
 // reshapes, every element size, and one view too large to gather).
 TEST_F(AdapterTest, StridedViewsAreFingerprintedInLogicalOrder) {
-  const std::string endpoint = "ipc://" + dir_ + "/ingest.sock";
-  FakeDaemon ingest(endpoint);
-  ASSERT_TRUE(ingest.Start());
-  ASSERT_EQ(RunPython(OPGUARD_ADAPTER_TESTDATA "/strided_views.py", endpoint), 0) << log_;
-  EXPECT_EQ(ingest.Snapshot().invalid, 0u);
+  ASSERT_TRUE(Record("strided_views.py"));
 
-  const auto ops = Lane0Ops(ingest);
+  const auto ops = Lane0Ops(*ingest_);
   size_t clones = 0;
   for (size_t i = 1; i < ops.size(); ++i) {
     if (ops[i].second != "aten::clone") continue;
@@ -163,12 +173,8 @@ TEST_F(AdapterTest, StridedViewsAreFingerprintedInLogicalOrder) {
 // Ops run inside opguard.paused() regions are not recorded, on any thread,
 // nested regions included; recording resumes when the outermost one ends.
 TEST_F(AdapterTest, PausedRegionsAreNotRecorded) {
-  const std::string endpoint = "ipc://" + dir_ + "/ingest.sock";
-  FakeDaemon ingest(endpoint);
-  ASSERT_TRUE(ingest.Start());
-  ASSERT_EQ(RunPython(OPGUARD_ADAPTER_TESTDATA "/paused.py", endpoint), 0) << log_;
-  const auto received = ingest.Snapshot();
-  EXPECT_EQ(received.invalid, 0u);
+  ASSERT_TRUE(Record("paused.py"));
+  const auto received = ingest_->Snapshot();
   std::map<std::string, int> recorded;
   for (const ReceivedOp& op : received.ops) {
     auto it = received.strings.find(op.name);
