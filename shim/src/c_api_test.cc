@@ -278,7 +278,9 @@ TEST_F(ApiTest, ReshapeFromByteSumsEqualsFingerprintOfTheNewShape) {
       EXPECT_EQ(reshaped.fp_hi, direct.fp_hi);
       EXPECT_EQ(reshaped.ndim, to.size());
       EXPECT_EQ(std::memcmp(&reshaped.stats, &direct.stats, sizeof(direct.stats)), 0);
-      if (to.size() > 1) EXPECT_NE(reshaped.fp_lo, flat.fp_lo) << "shape not mixed in";
+      if (to.size() > 1) {
+        EXPECT_NE(reshaped.fp_lo, flat.fp_lo) << "shape not mixed in";
+      }
     }
   }
   EXPECT_EQ(opguard_fingerprint_reshape(nullptr, OPGUARD_DTYPE_FLOAT32, nullptr, 0, nullptr),
