@@ -51,6 +51,7 @@ constexpr uint32_t kBackwardLane = 1;  // autograd worker threads (device backwa
 std::atomic<bool> g_recording{false};
 std::atomic<bool> g_registered{false};
 std::atomic<bool> g_all_depths{false};
+std::atomic<bool> g_paused{false};  // opguard.paused(): callbacks unregistered
 // Nested ops are switched off inside recorded top-level ops (see
 // OnFunctionStart): only with the default depth and no foreign global observer.
 std::atomic<bool> g_skip_nested{false};
@@ -1066,7 +1067,8 @@ opguard_collective& CompletedRecord(PendingCollective& pending, OpContext& outpu
 int64_t CollectiveEnter(at::TensorList inputs, at::TensorList outputs, int64_t kind,
                         int64_t communicator, int64_t root, int64_t reduce_op, int64_t name) {
   try {
-    if (!g_recording.load(std::memory_order_relaxed)) return 0;
+    // Paused: neither phase is recorded, like the dispatcher's collectives.
+    if (!g_recording.load(std::memory_order_relaxed) || g_paused.load()) return 0;
     ThreadState& ts = t_state;
     BeginCacheStep(ts);
     OpContext ctx;
@@ -1388,8 +1390,8 @@ __attribute__((visibility("default"))) int opguard_torch_enable(int all_depths,
 
 // opguard.paused(): with `paused` set, the callbacks are unregistered, so
 // the ops that run meanwhile cost nothing (torch does not even box their
-// arguments) and are not recorded, on any thread; cleared, they are
-// registered again. Returns 1 when the state was changed or already so.
+// arguments) and are not recorded, on any thread, nor are the collectives
+// the Python wrappers record; cleared, they are registered again. Returns 1 when the state was changed or already so.
 __attribute__((visibility("default"))) int opguard_torch_pause(int paused) {
   try {
     std::lock_guard<std::mutex> lock(g_callback_mu);
@@ -1400,6 +1402,7 @@ __attribute__((visibility("default"))) int opguard_torch_pause(int paused) {
     } else if (paused == 0 && g_handle == 0) {
       g_handle = AddCallbacks();
     }
+    g_paused.store(paused != 0);
     return 1;
   } catch (const std::exception& e) {
     DisableOnce(e.what());

@@ -171,7 +171,8 @@ TEST_F(AdapterTest, StridedViewsAreFingerprintedInLogicalOrder) {
 }
 
 // Ops run inside opguard.paused() regions are not recorded, on any thread,
-// nested regions included; recording resumes when the outermost one ends.
+// nested regions included, nor are collectives (dispatcher ops and those
+// the Python wrappers record); recording resumes when the outermost one ends.
 TEST_F(AdapterTest, PausedRegionsAreNotRecorded) {
   ASSERT_TRUE(Record("paused.py"));
   const auto received = ingest_->Snapshot();
@@ -186,6 +187,9 @@ TEST_F(AdapterTest, PausedRegionsAreNotRecorded) {
   for (const char* name : {"aten::sin", "aten::exp", "aten::sinh", "aten::cosh"}) {
     EXPECT_EQ(recorded.count(name), 0u) << name << " was recorded while paused";
   }
+  // The two collectives called outside the region, Entered and Completed
+  // each; none of the two called inside it.
+  EXPECT_EQ(received.collectives.size(), 4u);
 }
 
 }  // namespace
