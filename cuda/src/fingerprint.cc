@@ -760,8 +760,9 @@ Fingerprint FingerprintHostWith(const TensorView& tensor, const HostOptions& opt
     MergeFloatCounts(f, part.f);
     ints.Merge(part.i);
   }
-  if (sums != nullptr) *sums = ByteSums{lanes.a0, lanes.a1};
-  result.digest = Refinalize(ByteSums{lanes.a0, lanes.a1}, tensor.dtype, tensor.shape);
+  const ByteSums byte_sums{lanes.a0, lanes.a1};
+  if (sums != nullptr) *sums = byte_sums;
+  result.digest = Refinalize(byte_sums, tensor.dtype, tensor.shape);
 
   if (options.stats) {
     Stats& s = result.stats;
@@ -784,12 +785,6 @@ Fingerprint FingerprintHostWith(const TensorView& tensor, const HostOptions& opt
 }
 
 }  // namespace internal
-
-Fingerprint FingerprintHost(const TensorView& tensor, int threads) {
-  internal::HostOptions options;
-  options.threads = threads;
-  return internal::FingerprintHostWith(tensor, options);
-}
 
 Fingerprint FingerprintHost(const TensorView& tensor, int threads, ByteSums* sums) {
   internal::HostOptions options;

@@ -48,13 +48,7 @@ Digest Reference(const uint8_t* data, uint64_t bytes, DType dtype, std::span<con
   for (uint64_t p = 0; p * 8 < bytes; ++p) {
     spec::AddWord(lanes, spec::LoadWord(data, bytes, p, false), p);
   }
-  const MetaKey mk = ComputeMeta(dtype, shape);
-  spec::Meta meta;
-  meta.lo = mk.lo;
-  meta.hi = mk.hi;
-  Digest d;
-  spec::Finalize(lanes, meta, &d.lo, &d.hi);
-  return d;
+  return Refinalize(ByteSums{lanes.a0, lanes.a1}, dtype, shape);
 }
 
 Fingerprint With(const std::vector<uint8_t>& b, DType dtype, const HostOptions& o,

@@ -65,11 +65,22 @@ struct TensorView {
   std::span<const int64_t> strides;
 };
 
+// The two 64-bit sums over a tensor's logical byte stream, before Finalize
+// mixes in the dtype and shape: a tensor with the same bytes under another
+// shape of the same dtype (a reshape or view of a contiguous tensor) has the
+// same sums and statistics, so its digest is Refinalize(sums, dtype, shape)
+// without reading the bytes again.
+struct ByteSums {
+  uint64_t a0 = 0;
+  uint64_t a1 = 0;
+};
+
 // CPU path. `threads` = 1 runs on the calling thread only; 0 uses the
 // hardware concurrency. The result does not depend on `threads`.
 // Precondition: ValidateView(tensor) is ok; an invalid view yields a
-// Fingerprint{} (all-zero digest) instead of crashing.
-Fingerprint FingerprintHost(const TensorView& tensor, int threads = 1);
+// Fingerprint{} (all-zero digest) instead of crashing. `sums` (may be null)
+// receives the byte sums.
+Fingerprint FingerprintHost(const TensorView& tensor, int threads = 1, ByteSums* sums = nullptr);
 
 // ---- additions (beyond the original contract) --------------------------------
 
@@ -85,19 +96,6 @@ int64_t NumElements(std::span<const int64_t> shape);
 // dims, strides empty or of the same rank, data non-null unless empty);
 // otherwise a one-line reason.
 std::string ValidateView(const TensorView& tensor);
-
-// The two 64-bit sums over a tensor's logical byte stream, before Finalize
-// mixes in the dtype and shape: a tensor with the same bytes under another
-// shape of the same dtype (a reshape or view of a contiguous tensor) has the
-// same sums and statistics, so its digest is Refinalize(sums, dtype, shape)
-// without reading the bytes again.
-struct ByteSums {
-  uint64_t a0 = 0;
-  uint64_t a1 = 0;
-};
-
-// FingerprintHost that also returns the byte sums (may be null).
-Fingerprint FingerprintHost(const TensorView& tensor, int threads, ByteSums* sums);
 
 // The digest of bytes with `sums` as a tensor of `dtype` and `shape`.
 Digest Refinalize(const ByteSums& sums, DType dtype, std::span<const int64_t> shape);
