@@ -58,7 +58,8 @@ std::atomic<bool> g_skip_nested{false};
 std::atomic<uint32_t> g_next_lane{2};
 std::atomic<uint64_t> g_step{0};
 std::thread::id g_main_thread;
-at::CallbackHandle g_handle = 0;
+// The registered callbacks (see AddCallbacks); zero while paused.
+std::array<at::CallbackHandle, 2> g_handles{};
 bool g_foreign_global_observer = false;  // a global RecordFunction observer before ours
 
 void DisableOnce(const char* what) {
@@ -914,13 +915,19 @@ namespace {
 // may be used from several threads).
 std::mutex g_callback_mu;
 
-at::CallbackHandle AddCallbacks() {
-  return at::addGlobalCallback(
-      at::RecordFunctionCallback(&OnStart, &OnEnd)
-          .needsInputs(true)
-          .needsOutputs(true)
-          .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION,
-                   at::RecordScope::USER_SCOPE}));
+// Two callbacks, so that torch boxes arguments only where they are read:
+// ops (FUNCTION) with their inputs and outputs; autograd nodes and user
+// scopes (BACKWARD_FUNCTION, USER_SCOPE: only their names and sequence
+// numbers are read) without, which spares every backward node a vector of
+// its input gradients.
+std::array<at::CallbackHandle, 2> AddCallbacks() {
+  return {at::addGlobalCallback(at::RecordFunctionCallback(&OnStart, &OnEnd)
+                                    .needsInputs(true)
+                                    .needsOutputs(true)
+                                    .scopes({at::RecordScope::FUNCTION})),
+          at::addGlobalCallback(
+              at::RecordFunctionCallback(&OnStart, &OnEnd)
+                  .scopes({at::RecordScope::BACKWARD_FUNCTION, at::RecordScope::USER_SCOPE}))};
 }
 
 // OPGUARD_NESTED_OPS: unset, empty or 0 = off, 1 = on; anything else warns
@@ -1377,7 +1384,7 @@ __attribute__((visibility("default"))) int opguard_torch_enable(int all_depths,
       g_main_thread = std::this_thread::get_id();
       g_foreign_global_observer = at::hasGlobalCallbacks();
       std::lock_guard<std::mutex> lock(g_callback_mu);
-      g_handle = AddCallbacks();
+      g_handles = AddCallbacks();
     }
     g_skip_nested.store(all_depths == 0 && !g_foreign_global_observer && !KeepNestedOps());
     g_recording.store(true);
@@ -1391,16 +1398,16 @@ __attribute__((visibility("default"))) int opguard_torch_enable(int all_depths,
 // opguard.paused(): with `paused` set, the callbacks are unregistered, so
 // the ops that run meanwhile cost nothing (torch does not even box their
 // arguments) and are not recorded, on any thread, nor are the collectives
-// the Python wrappers record; cleared, they are registered again. Returns 1 when the state was changed or already so.
+// the Python wrappers record; cleared, they are registered again. Returns 1
+// when the state was changed or already so.
 __attribute__((visibility("default"))) int opguard_torch_pause(int paused) {
   try {
     std::lock_guard<std::mutex> lock(g_callback_mu);
     if (!g_registered.load()) return 0;
-    if (paused != 0 && g_handle != 0) {
-      at::removeCallback(g_handle);
-      g_handle = 0;
-    } else if (paused == 0 && g_handle == 0) {
-      g_handle = AddCallbacks();
+    if (paused != 0 && g_handles[0] != 0) {
+      for (at::CallbackHandle& handle : g_handles) at::removeCallback(std::exchange(handle, 0));
+    } else if (paused == 0 && g_handles[0] == 0) {
+      g_handles = AddCallbacks();
     }
     g_paused.store(paused != 0);
     return 1;
