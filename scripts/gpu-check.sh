@@ -7,13 +7,15 @@
 # Sections (later issues append theirs below):
 #   fingerprint — GPU == CPU bits on the committed vectors and on random
 #                 tensors of every dtype from 0 B to 1 GiB; bandwidth table.
+#   torch       — the PyTorch adapter built against the machine's torch (2.x
+#                 there), every symbol resolved (scripts/torch-build-check.sh;
+#                 needs $PYTHON, default python3, with torch, else skipped).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 NVCC="${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}"
 CXX="${CXX:-g++}"
 BUILD="$(mktemp -d /tmp/opguard-gpu-check.XXXXXX)"
 trap 'rm -rf "$BUILD"' EXIT
-JOBS="$(nproc 2>/dev/null || echo 4)"
 
 [[ -x "$NVCC" ]] || { echo "gpu-check: nvcc not found (set NVCC=)" >&2; exit 2; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || true
@@ -51,4 +53,10 @@ echo "== fingerprint: GPU == CPU, then bandwidth"
 status=0
 timeout 420 "$BUILD/gpu_check" "$ROOT/cuda/testdata/vectors.txt" || status=$?
 echo "== fingerprint: exit $status"
-exit "$status"
+
+echo "== torch: the adapter against ${PYTHON:-python3}'s" \
+  "$("${PYTHON:-python3}" -c 'import torch; print("torch", torch.__version__)' 2>/dev/null || echo "(no torch: skipped)")"
+torch_status=0
+timeout 240 "$ROOT/scripts/torch-build-check.sh" "$BUILD/torch" || torch_status=$?
+echo "== torch: exit $torch_status"
+exit $((status > torch_status ? status : torch_status))

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Builds the PyTorch adapter (shim/torch) against the torch that $PYTHON
+# imports, with the CMake build's sources and flags, and checks that every
+# symbol the library needs is defined by that torch, the Python interpreter
+# or the C/C++ runtime. The shim's C API (opguard_*) is left to
+# libopguard_shim.so, which the opguard package loads first at run time.
+#
+# For machines with a torch but without the project's other dependencies:
+# scripts/gpu-check.sh runs it on the GPU machines, whose torch is 2.x; here
+# it builds against Debian's 1.13. Needs g++ (C++20), nm and readelf.
+#
+#   scripts/torch-build-check.sh [BUILD_DIR]    (PYTHON=, CXX= to choose)
+# Exit 0: built, every symbol resolved; 1: symbols unresolved; 2: no torch or
+# the build failed.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PY="${PYTHON:-python3}"
+CXX="${CXX:-g++}"
+BUILD="${1:-$(mktemp -d /tmp/opguard-torch-check.XXXXXX)}"
+mkdir -p "$BUILD"
+
+# Where the torch's headers and libraries are, and its C++ ABI.
+if ! "$PY" -c 'import torch' 2>/dev/null; then
+  echo "torch-build-check: $PY cannot import torch" >&2
+  exit 2
+fi
+"$PY" - "$BUILD/torch.env" <<'EOF' 2>/dev/null
+import sys, sysconfig
+import torch
+from torch.utils import cpp_extension
+with open(sys.argv[1], "w") as out:
+    out.write(f"TORCH_VERSION={torch.__version__}\n")
+    out.write(f"TORCH_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}\n")
+    out.write("TORCH_INCLUDES=(" + " ".join(repr(p) for p in cpp_extension.include_paths()) + ")\n")
+    out.write(f"TORCH_LIBDIR={cpp_extension.library_paths()[0]!r}\n")
+    out.write(f"PYTHON_INCLUDE={sysconfig.get_paths()['include']!r}\n")
+EOF
+# shellcheck disable=SC1091
+source "$BUILD/torch.env"
+echo "   torch $TORCH_VERSION (C++11 ABI $TORCH_ABI), libraries in $TORCH_LIBDIR"
+
+FLAGS=(-std=c++20 -O2 -fPIC -Wall -Wextra -Wno-missing-field-initializers
+       -fvisibility=hidden -fvisibility-inlines-hidden -D_GLIBCXX_USE_CXX11_ABI="$TORCH_ABI"
+       -I"$ROOT/shim/include" -I"$ROOT/shim/torch" -isystem "$PYTHON_INCLUDE")
+for dir in "${TORCH_INCLUDES[@]}"; do FLAGS+=(-isystem "$dir"); done
+
+start=$SECONDS
+pids=()
+for src in adapter python_frames; do
+  "$CXX" "${FLAGS[@]}" -c "$ROOT/shim/torch/$src.cc" -o "$BUILD/$src.o" 2> "$BUILD/$src.log" &
+  pids+=($!)
+done
+built=0
+for pid in "${pids[@]}"; do wait "$pid" || built=1; done
+cat "$BUILD"/adapter.log "$BUILD"/python_frames.log
+if ((built != 0)); then
+  echo "torch-build-check: compiling against torch $TORCH_VERSION failed" >&2
+  exit 2
+fi
+# As CMake links it: torch's libraries, no libpython (the interpreter that
+# loads the adapter provides Python's symbols), no libopguard_shim here.
+"$CXX" -shared -o "$BUILD/libopguard_torch.so" "$BUILD/adapter.o" "$BUILD/python_frames.o" \
+  -L"$TORCH_LIBDIR" -Wl,-rpath,"$TORCH_LIBDIR" -ltorch -ltorch_cpu -lc10
+echo "   built in $((SECONDS - start)) s, $(cat "$BUILD"/*.log | grep -c 'warning:' || true) warning(s)"
+
+# Every undefined symbol but the shim's must be defined by a library the
+# adapter names (DT_NEEDED) or by the Python interpreter.
+"$PY" - "$BUILD/libopguard_torch.so" <<'EOF'
+import os, re, subprocess, sys, sysconfig
+
+lib = sys.argv[1]
+
+def symbols(path, defined):
+    flag = "--defined-only" if defined else "--undefined-only"
+    out = subprocess.run(["nm", "-D", flag, path], capture_output=True, text=True).stdout
+    found = set()
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) < 2 or (not defined and parts[-2] in ("w", "v")):
+            continue  # weak references may stay unresolved
+        found.add(parts[-1].split("@")[0])
+    return found
+
+needed = re.findall(r"\(NEEDED\)\s+Shared library: \[(.+?)\]",
+                    subprocess.run(["readelf", "-d", lib], capture_output=True, text=True).stdout)
+ldd = subprocess.run(["ldd", lib], capture_output=True, text=True).stdout
+paths = dict(re.findall(r"^\s*(\S+) => (\S+)", ldd, re.M))
+for path in re.findall(r"^\s*(/\S+) \(", ldd, re.M):  # the dynamic loader itself
+    paths[os.path.basename(path)] = path
+providers = [paths[name] for name in needed if paths.get(name, "not") != "not"]
+missing_libs = [name for name in needed if name not in paths or paths[name] == "not"]
+providers.append(sys.executable)
+libpython = os.path.join(sysconfig.get_config_var("LIBDIR") or "",
+                         sysconfig.get_config_var("LDLIBRARY") or "")
+if os.path.isfile(libpython):
+    providers.append(libpython)
+defined = set()
+for path in providers:
+    defined |= symbols(path, True)
+unresolved = sorted(s for s in symbols(lib, False) - defined if not s.startswith("opguard_"))
+for name in missing_libs:
+    print(f"   library not found: {name}")
+for name in unresolved[:40]:
+    print(f"   unresolved: {name}")
+print(f"   {len(unresolved)} unresolved symbol(s) in {len(providers)} providers "
+      f"({', '.join(os.path.basename(p) for p in providers)})")
+sys.exit(1 if unresolved or missing_libs else 0)
+EOF
