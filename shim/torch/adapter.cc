@@ -738,6 +738,7 @@ constexpr uint64_t kNestedOpsWorthTheSwitch = 4;
 std::unique_ptr<at::ObserverContext> NativeCollectiveStart(const at::RecordFunction& fn,
                                                            ThreadState& ts);
 void NativeCollectiveEnd(const at::RecordFunction& fn, OpContext& ctx);
+void RecordCompletedNatives();
 
 std::unique_ptr<at::ObserverContext> OnFunctionStart(const at::RecordFunction& fn, ThreadState& ts) {
   if (IsEngineWrapper(fn)) return nullptr;
@@ -851,6 +852,7 @@ void OnFunctionEnd(const at::RecordFunction& fn, OpContext* ctx, ThreadState& ts
 std::unique_ptr<at::ObserverContext> OnStart(const at::RecordFunction& fn) {
   ThreadState& ts = t_state;
   try {
+    RecordCompletedNatives();
     switch (fn.scope()) {
       case at::RecordScope::FUNCTION:
         return OnFunctionStart(fn, ts);
@@ -1139,10 +1141,12 @@ int64_t CollectiveComplete(int64_t token, at::TensorList outputs, int64_t name) 
 // issues from C++ during backward. They are recorded here, from the op's
 // own arguments: the Entered phase when the op starts (inputs hashed from
 // memory, op boundary "c10d::<kind> [enter]" in the issuing thread's lane),
-// the Completed phase when the work's future completes, on the backend's
-// thread, before any waiter wakes: the outputs are final then, and no later
-// op of the issuing thread has run on them. Completed adds no op boundary: it
-// happens at no fixed point of the issuing thread's op order.
+// the Completed phase once the work's future has completed: in the future's
+// callback on the backend's thread, or, when a thread gets to its next op
+// first, by that thread before the op runs (RecordCompletedNatives). Either
+// way the outputs are final and no op has run on them since. Completed adds
+// no op boundary: it happens at no fixed point of the issuing thread's op
+// order.
 
 // Where the arguments of one c10d op are (the same positions in torch 1.13
 // and 2.x); -1: none. The process group is found by its type: its position
@@ -1178,6 +1182,9 @@ constexpr NativeKind kNativeKinds[] = {
 struct NativeCollective {
   PendingCollective entered;
   std::vector<at::Tensor> outputs;  // fingerprinted once the work completes
+  c10::intrusive_ptr<c10::ivalue::Future> future;  // the work's, set at the op's end
+  std::mutex mu;      // held while the Completed record is taken
+  bool done = false;  // the Completed record was taken (or is not to be)
 };
 
 // The tensors of a Tensor, Tensor[] or Tensor[][] argument, in order.
@@ -1301,10 +1308,21 @@ std::unique_ptr<at::ObserverContext> NativeCollectiveStart(const at::RecordFunct
   return ctx;
 }
 
-// On the backend's thread, once the work's future has completed.
-void RecordNativeCompleted(NativeCollective& native, const c10::ivalue::Future& done) {
+// Collectives launched whose Completed record is not taken yet (bounded: a
+// work that never completes is forgotten after enough others).
+std::mutex g_natives_mu;
+std::vector<std::shared_ptr<NativeCollective>>* g_natives =
+    new std::vector<std::shared_ptr<NativeCollective>>();
+std::atomic<size_t> g_natives_size{0};
+
+// Takes the Completed record of a collective whose work's future has
+// completed, once, on whichever thread gets there first; a second thread
+// waits until the first is done.
+void RecordNativeCompleted(NativeCollective& native) {
   try {
-    if (done.hasError() || !g_recording.load(std::memory_order_relaxed)) return;
+    std::lock_guard<std::mutex> lock(native.mu);
+    if (std::exchange(native.done, true)) return;
+    if (native.future->hasError() || !g_recording.load(std::memory_order_relaxed)) return;
     OpContext ctx;
     if (!FingerprintAll(native.outputs, ctx, t_state)) return;
     // The issuing lane and position of the Entered record, not this thread's.
@@ -1314,6 +1332,40 @@ void RecordNativeCompleted(NativeCollective& native, const c10::ivalue::Future& 
   } catch (...) {
     DisableOnce("unknown error recording a collective");
   }
+}
+
+void ForgetNative(const NativeCollective* native) {
+  std::lock_guard<std::mutex> lock(g_natives_mu);
+  auto it = std::find_if(g_natives->begin(), g_natives->end(),
+                         [native](const auto& n) { return n.get() == native; });
+  if (it != g_natives->end()) g_natives->erase(it);
+  g_natives_size.store(g_natives->size(), std::memory_order_relaxed);
+}
+
+// Before any op starts, on any thread: the Completed records of collectives
+// whose work has completed. torch wakes the threads waiting on a future
+// before it runs the future's callbacks, so a waiter (DDP's reducer, a
+// future's wait() in Python) could otherwise write the outputs, or hand
+// them to an op that does, while the callback fingerprints them. Every such
+// write is an op, and this runs before it. One load when none is pending.
+void RecordCompletedNatives() {
+  if (g_natives_size.load(std::memory_order_relaxed) == 0) return;
+  c10::SmallVector<std::shared_ptr<NativeCollective>, 4> completed;
+  {
+    std::lock_guard<std::mutex> lock(g_natives_mu);
+    size_t kept = 0;  // the rest keep their launch order
+    for (size_t i = 0; i < g_natives->size(); ++i) {
+      auto& native = (*g_natives)[i];
+      if (native->future->completed()) {
+        completed.push_back(std::move(native));
+      } else if (kept++ != i) {
+        (*g_natives)[kept - 1] = std::move(native);
+      }
+    }
+    g_natives->resize(kept);
+    g_natives_size.store(kept, std::memory_order_relaxed);
+  }
+  for (const auto& native : completed) RecordNativeCompleted(*native);
 }
 
 // At the c10d op's end: its outputs hold the work; its future's callback
@@ -1336,8 +1388,17 @@ void NativeCollectiveEnd(const at::RecordFunction& fn, OpContext& ctx) {
     WarnOnce(warned, "a collective's work has no future: its Completed record is not taken");
     return;
   }
-  future->addCallback(
-      [native](c10::ivalue::Future& done) { RecordNativeCompleted(*native, done); });
+  native->future = future;
+  {
+    std::lock_guard<std::mutex> lock(g_natives_mu);
+    if (g_natives->size() >= 4096) g_natives->erase(g_natives->begin());
+    g_natives->push_back(native);
+    g_natives_size.store(g_natives->size(), std::memory_order_relaxed);
+  }
+  future->addCallback([native](c10::ivalue::Future&) {
+    RecordNativeCompleted(*native);
+    ForgetNative(native.get());
+  });
 }
 
 // Registers opguard::collective_enter and opguard::collective_complete with

@@ -278,6 +278,13 @@ class Collectives(harness.DaemonTestCase):
         # taken after completion agree.
         self.assert_completed("async", {"world": [(0, 0, 0), (1, 0, 0)]})
 
+    def test_output_written_right_after_a_future_wait_is_fingerprinted_as_completed(self):
+        # Rank 0 writes each all-reduce's output as soon as the future's
+        # wait() returns; rank 1 does not. Both must record the reduced
+        # bytes as the Completed outputs: no mismatch.
+        self.run_job("collective_future_wait.py", "future-wait")
+        self.assert_completed("future-wait", {"world": [(0, 5, 5), (1, 5, 5)]})
+
     def test_every_collective_kind_is_recorded_on_its_communicator(self):
         out = self.run_job("collective_kinds.py", "kinds")
         calls = {}
