@@ -5,7 +5,6 @@ fingerprinting one takes about ten milliseconds: long enough for the write to
 land in the middle of a fingerprint taken by the future's callback, which
 torch runs only after it has woken the waiters."""
 import os
-import sys
 
 import torch
 import torch.distributed as dist
