@@ -225,13 +225,7 @@ Digest EmulateTeam(const uint8_t* data, uint64_t nbytes, DType dtype,
     total.a1 += lanes.a1;
   }
   *words_seen = count.bytes;
-  const MetaKey mk = ComputeMeta(dtype, shape);
-  spec::Meta meta;
-  meta.lo = mk.lo;
-  meta.hi = mk.hi;
-  Digest d;
-  spec::Finalize(total, meta, &d.lo, &d.hi);
-  return d;
+  return Refinalize(ByteSums{total.a0, total.a1}, dtype, shape);
 }
 
 TEST(FingerprintPartition, AnyGridGivesTheCpuDigest) {
