@@ -33,18 +33,28 @@ for pkg in "${PACKAGES[@]}"; do
   fi
 done
 
-if [[ ${#missing[@]} -eq 0 ]]; then
-  echo "setup-deps: all ${#PACKAGES[@]} packages already installed"
-  exit 0
-fi
-
-echo "setup-deps: installing ${missing[*]}"
 # flock: never two apt runs in parallel (CI and a developer shell, say).
 LOCK=/tmp/opguard-setup-deps.lock
-(
-  flock -w 1800 9
-  export DEBIAN_FRONTEND=noninteractive
-  $SUDO apt-get update -qq
-  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
-) 9>"$LOCK"
-echo "setup-deps: installed ${missing[*]}"
+if [[ ${#missing[@]} -eq 0 ]]; then
+  echo "setup-deps: all ${#PACKAGES[@]} packages already installed"
+else
+  echo "setup-deps: installing ${missing[*]}"
+  (
+    flock -w 1800 9
+    export DEBIAN_FRONTEND=noninteractive
+    $SUDO apt-get update -qq
+    $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  ) 9>"$LOCK"
+  echo "setup-deps: installed ${missing[*]}"
+fi
+
+# Debian 13's libtorch 2.6 and Python 3.13 headers, unpacked, not installed:
+# the test suite builds the PyTorch adapter against them too (ctest
+# torch2_build_check), since this machine's own torch is 1.13.
+TORCH2_ROOT=/var/cache/opguard/debian-torch/trixie
+if [[ ! -f "$TORCH2_ROOT/.libtorch-dev-version" ]]; then
+  (
+    flock -w 1800 9
+    $SUDO "$(dirname "${BASH_SOURCE[0]}")/debian-torch.sh" trixie "$TORCH2_ROOT"
+  ) 9>"$LOCK"
+fi

@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
-# Builds the PyTorch adapter (shim/torch) against the torch that $PYTHON
-# imports, with the CMake build's sources and flags, and checks that every
-# symbol the library needs is defined by that torch, the Python interpreter
-# or the C/C++ runtime. The shim's C API (opguard_*) is left to
-# libopguard_shim.so, which the opguard package loads first at run time.
+# Builds the PyTorch adapter (shim/torch) against a torch, with the CMake
+# build's sources and flags, and checks that every symbol the library needs is
+# defined by that torch, the Python interpreter or the C/C++ runtime. The
+# shim's C API (opguard_*) is left to libopguard_shim.so, which the opguard
+# package loads first at run time.
 #
-# For machines with a torch but without the project's other dependencies:
-# scripts/gpu-check.sh runs it on the GPU machines, whose torch is 2.x; here
-# it builds against Debian's 1.13. Needs g++ (C++20), nm and readelf.
+# Which torch:
+#   - by default the one $PYTHON imports: scripts/gpu-check.sh runs it so on
+#     the GPU machines; here that is Debian 12's 1.13;
+#   - TORCH_ROOT=DIR: another Debian release's libtorch and Python headers,
+#     unpacked (not installed) into DIR by scripts/debian-torch.sh. The test
+#     suite builds so against Debian 13's torch 2.6 and unstable's newest 2.x.
+# Needs g++ (C++20), nm and readelf; no other project dependency.
 #
-#   scripts/torch-build-check.sh [BUILD_DIR]    (PYTHON=, CXX= to choose)
+#   [TORCH_ROOT=DIR] scripts/torch-build-check.sh [BUILD_DIR]   (PYTHON=, CXX=)
 # Exit 0: built, every symbol resolved; 1: symbols unresolved; 2: no torch or
 # the build failed.
 set -euo pipefail
@@ -20,11 +24,30 @@ BUILD="${1:-$(mktemp -d /tmp/opguard-torch-check.XXXXXX)}"
 mkdir -p "$BUILD"
 
 # Where the torch's headers and libraries are, and its C++ ABI.
-if ! "$PY" -c 'import torch' 2>/dev/null; then
-  echo "torch-build-check: $PY cannot import torch" >&2
-  exit 2
-fi
-"$PY" - "$BUILD/torch.env" <<'EOF' 2>/dev/null
+PYTHON_LIBRARY=""  # with TORCH_ROOT: the libpython that provides Python's symbols
+if [[ -n "${TORCH_ROOT:-}" ]]; then
+  TORCH_LIBDIR="$TORCH_ROOT/usr/lib/$("$CXX" -print-multiarch)"
+  python_dirs=("$TORCH_ROOT"/usr/include/python3.*)
+  PYTHON_LIBRARY="$(find "$TORCH_LIBDIR" -maxdepth 1 -name 'libpython3.*.so.1.0' | head -1)"
+  if [[ ! -f "$TORCH_LIBDIR/libtorch_cpu.so" || ! -d "${python_dirs[0]}" || -z "$PYTHON_LIBRARY" ]]; then
+    echo "torch-build-check: no unpacked libtorch and Python in $TORCH_ROOT (scripts/debian-torch.sh makes one)" >&2
+    exit 2
+  fi
+  PYTHON_INCLUDE="${python_dirs[0]}"
+  # usr/include also holds the multiarch pyconfig.h that Python's includes.
+  TORCH_INCLUDES=("$TORCH_ROOT/usr/include" "$TORCH_ROOT/usr/include/torch/csrc/api/include")
+  TORCH_VERSION="$(printf '#include <torch/version.h>\nTORCH_VERSION\n' |
+                   "$CXX" -E -P -x c++ "${TORCH_INCLUDES[@]/#/-I}" - | tail -1 | tr -d '" ')"
+  # Under the C++11 ABI libc10's std::string arguments are std::__cxx11 ones.
+  # (grep reads all of nm's output: -q would stop it early and fail the pipe.)
+  TORCH_ABI=0
+  if (($(nm -D --defined-only "$TORCH_LIBDIR/libc10.so" | grep -c '__cxx11') > 0)); then TORCH_ABI=1; fi
+else
+  if ! "$PY" -c 'import torch' 2>/dev/null; then
+    echo "torch-build-check: $PY cannot import torch" >&2
+    exit 2
+  fi
+  "$PY" - "$BUILD/torch.env" <<'EOF' 2>/dev/null
 import sys, sysconfig
 import torch
 from torch.utils import cpp_extension
@@ -35,11 +58,13 @@ with open(sys.argv[1], "w") as out:
     out.write(f"TORCH_LIBDIR={cpp_extension.library_paths()[0]!r}\n")
     out.write(f"PYTHON_INCLUDE={sysconfig.get_paths()['include']!r}\n")
 EOF
-# shellcheck disable=SC1091
-source "$BUILD/torch.env"
+  # shellcheck disable=SC1091
+  source "$BUILD/torch.env"
+fi
 echo "   torch $TORCH_VERSION (C++11 ABI $TORCH_ABI), libraries in $TORCH_LIBDIR"
 
-FLAGS=(-std=c++20 -O2 -fPIC -Wall -Wextra -Wno-missing-field-initializers
+# NDEBUG as in the CMake build (shim/torch/CMakeLists.txt: torch's class layouts).
+FLAGS=(-std=c++20 -O2 -DNDEBUG -fPIC -Wall -Wextra -Wno-missing-field-initializers
        -fvisibility=hidden -fvisibility-inlines-hidden -D_GLIBCXX_USE_CXX11_ABI="$TORCH_ABI"
        -I"$ROOT/shim/include" -I"$ROOT/shim/torch" -isystem "$PYTHON_INCLUDE")
 for dir in "${TORCH_INCLUDES[@]}"; do FLAGS+=(-isystem "$dir"); done
@@ -64,11 +89,14 @@ fi
 echo "   built in $((SECONDS - start)) s, $(cat "$BUILD"/*.log | grep -c 'warning:' || true) warning(s)"
 
 # Every undefined symbol but the shim's must be defined by a library the
-# adapter names (DT_NEEDED) or by the Python interpreter.
-"$PY" - "$BUILD/libopguard_torch.so" <<'EOF'
+# adapter names (DT_NEEDED) or by the Python interpreter (with TORCH_ROOT: by
+# that release's libpython). ldd finds them through the adapter's run path; a
+# newer release's libraries may need a newer C library than this machine's,
+# which only matters for loading them, not for reading their symbols.
+"$PY" - "$BUILD/libopguard_torch.so" "$PYTHON_LIBRARY" <<'EOF'
 import os, re, subprocess, sys, sysconfig
 
-lib = sys.argv[1]
+lib, python_library = sys.argv[1:3]
 
 def symbols(path, defined):
     flag = "--defined-only" if defined else "--undefined-only"
@@ -89,11 +117,14 @@ for path in re.findall(r"^\s*(/\S+) \(", ldd, re.M):  # the dynamic loader itsel
     paths[os.path.basename(path)] = path
 providers = [paths[name] for name in needed if paths.get(name, "not") != "not"]
 missing_libs = [name for name in needed if name not in paths or paths[name] == "not"]
-providers.append(sys.executable)
-libpython = os.path.join(sysconfig.get_config_var("LIBDIR") or "",
-                         sysconfig.get_config_var("LDLIBRARY") or "")
-if os.path.isfile(libpython):
-    providers.append(libpython)
+if python_library:
+    providers.append(python_library)
+else:
+    providers.append(sys.executable)
+    libpython = os.path.join(sysconfig.get_config_var("LIBDIR") or "",
+                             sysconfig.get_config_var("LDLIBRARY") or "")
+    if os.path.isfile(libpython):
+        providers.append(libpython)
 defined = set()
 for path in providers:
     defined |= symbols(path, True)

@@ -22,6 +22,9 @@ training thread's CPU ratio is time the thread spent waiting for a core.
 usage: step_overhead.py BUILD_DIR [--steps N] [--rounds R] [--ranks K] [--d-model D]
 (--d-model: the model's width, 32 by default as in the tests; wider models
 have larger ops, over which OpGuard's per-op cost is spread.)
+OPGUARD_TEST_PYTHON and OPGUARD_PYTHON_STAGE choose another interpreter and
+package, as for the e2e tests (scripts/torch2-check.sh BUILD -- this bench:
+a torch 2.x).
 """
 import argparse
 import json
@@ -35,7 +38,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN = os.path.join(ROOT, "tests", "e2e", "train_gpt.py")
-PYTHON = "/usr/bin/python3"
+PYTHON = os.environ.get("OPGUARD_TEST_PYTHON") or "/usr/bin/python3"
 
 
 def process_cpu_s(pid):
@@ -63,9 +66,9 @@ def main():
                              text=True).stdout.strip() or ver
         site = os.path.join(tmp, "userbase", "lib", ver, "site-packages")
         os.makedirs(site)
-        shutil.copytree(os.path.join(args.build, "python", "opguard"),
-                        os.path.join(site, "opguard"))
-        shutil.copy(os.path.join(args.build, "python", "opguard-autoload.pth"), site)
+        stage = os.environ.get("OPGUARD_PYTHON_STAGE") or os.path.join(args.build, "python")
+        shutil.copytree(os.path.join(stage, "opguard"), os.path.join(site, "opguard"))
+        shutil.copy(os.path.join(stage, "opguard-autoload.pth"), site)
         daemon = subprocess.Popen([os.path.join(args.build, "daemon", "opguardd"), "--local",
                                    os.path.join(tmp, "d"), "--http", "off"],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -4,7 +4,7 @@ the `opguard` package activated the way users activate it (the .pth hook in a
 site directory, OPGUARD=1 in the environment).
 
 Paths come from ctest's environment (tests/e2e/CMakeLists.txt):
-OPGUARDD, OPGUARD_CLI, OPGUARD_PYTHON_STAGE.
+OPGUARDD, OPGUARD_CLI, OPGUARD_PYTHON_STAGE (and OPGUARD_TEST_PYTHON).
 """
 import json
 import os
@@ -18,7 +18,9 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TRAIN = os.path.join(HERE, "train_gpt.py")
-PYTHON = "/usr/bin/python3"  # Debian's interpreter: the one with torch
+# Debian's interpreter, the one with torch; OPGUARD_TEST_PYTHON names another
+# (scripts/torch2-check.sh: a newer Debian's Python and torch 2.x in a chroot).
+PYTHON = os.environ.get("OPGUARD_TEST_PYTHON") or "/usr/bin/python3"
 
 
 def _required(name):
