@@ -50,6 +50,14 @@ _DISPATCHED = {
     "barrier": "barrier", "gather": "gather_", "scatter": "scatter_",
 }
 
+# torch.distributed functions that reach a c10d dispatcher op only in torch
+# 2.x, where the adapter records them; a subgroup they take is announced.
+# Torch 1.13's do not dispatch and are not recorded.
+_DISPATCHED_ONLY = {
+    "all_reduce_coalesced": "allreduce_coalesced_", "all_gather_coalesced": "allgather_coalesced_",
+    "monitored_barrier": "monitored_barrier_",
+}
+
 _state = {"shim": None, "adapter": None, "installed": False, "comms": {}, "names": {},
           "reduce_ops": {}, "ops": None, "announced": {}}
 
@@ -236,12 +244,12 @@ def _wrap(kind, original):
     return wrapper
 
 
-def _dispatched(kind):
-    """Whether torch.distributed.<kind> goes through a c10d dispatcher op."""
+def _dispatched(op):
+    """Whether the installed torch has the c10d dispatcher op `op`."""
     try:
-        getattr(torch.ops.c10d, _DISPATCHED[kind])
+        getattr(torch.ops.c10d, op)
         return True
-    except (AttributeError, RuntimeError, KeyError):
+    except (AttributeError, RuntimeError):
         return False
 
 
@@ -310,10 +318,14 @@ def install(shim, adapter):
         original = getattr(dist, kind, None)
         if original is None or hasattr(original, "__opguard_wrapped__"):
             continue
-        if _dispatched(kind):
+        if _dispatched(_DISPATCHED[kind]):
             setattr(dist, kind, _announcing(original, "group"))
         else:
             setattr(dist, kind, _wrap(kind, original))
+    for kind, op in _DISPATCHED_ONLY.items():
+        original = getattr(dist, kind, None)
+        if original is not None and not hasattr(original, "__opguard_wrapped__") and _dispatched(op):
+            setattr(dist, kind, _announcing(original, "group"))
     _wrap_ddp()
     _state["installed"] = True
 

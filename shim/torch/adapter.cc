@@ -1176,6 +1176,20 @@ constexpr NativeKind kNativeKinds[] = {
     {"c10d::send", OPGUARD_COLL_SEND, "send", 0, -1, -1, 2},
     {"c10d::recv_", OPGUARD_COLL_RECV, "recv", -1, 0, -1, 2},
     {"c10d::barrier", OPGUARD_COLL_BARRIER, "barrier", -1, -1, -1, -1},
+    // torch 2.x only: coalesced collectives (dist.all_reduce_coalesced,
+    // all_gather_coalesced, and what _coalescing_manager issues at its exit:
+    // one collective over a list of tensors), gather into one tensor, recv
+    // from any source, and the monitored barrier (synchronous: it returns no
+    // work, so it completes when it returns).
+    {"c10d::allreduce_coalesced_", OPGUARD_COLL_ALL_REDUCE, "all_reduce_coalesced", 0, 0, 2, -1},
+    {"c10d::allgather_coalesced_", OPGUARD_COLL_ALL_GATHER, "all_gather_coalesced", 1, 0, -1, -1},
+    {"c10d::allgather_into_tensor_coalesced_", OPGUARD_COLL_ALL_GATHER,
+     "all_gather_into_tensor_coalesced", 1, 0, -1, -1},
+    {"c10d::reduce_scatter_tensor_coalesced_", OPGUARD_COLL_REDUCE_SCATTER,
+     "reduce_scatter_tensor_coalesced", 1, 0, 3, -1},
+    {"c10d::gather_into_tensor_", OPGUARD_COLL_GATHER, "gather_into_tensor", 1, 0, -1, 3},
+    {"c10d::recv_any_source_", OPGUARD_COLL_RECV, "recv_any_source", -1, 0, -1, -1},
+    {"c10d::monitored_barrier_", OPGUARD_COLL_BARRIER, "monitored_barrier", -1, -1, -1, -1},
 };
 
 // A collective between its Entered and Completed records.
@@ -1322,7 +1336,10 @@ void RecordNativeCompleted(NativeCollective& native) {
   try {
     std::lock_guard<std::mutex> lock(native.mu);
     if (std::exchange(native.done, true)) return;
-    if (native.future->hasError() || !g_recording.load(std::memory_order_relaxed)) return;
+    if ((native.future && native.future->hasError()) ||
+        !g_recording.load(std::memory_order_relaxed)) {
+      return;
+    }
     OpContext ctx;
     if (!FingerprintAll(native.outputs, ctx, t_state)) return;
     // The issuing lane and position of the Entered record, not this thread's.
@@ -1369,8 +1386,9 @@ void RecordCompletedNatives() {
 }
 
 // At the c10d op's end: its outputs hold the work; its future's callback
-// records Completed. A work without a future (some backends) leaves the
-// Entered record alone.
+// records Completed. An op that returns nothing (monitored_barrier_) has
+// completed when it returns. A work without a future (some backends) leaves
+// the Entered record alone.
 void NativeCollectiveEnd(const at::RecordFunction& fn, OpContext& ctx) {
   std::shared_ptr<NativeCollective> native = std::move(ctx.native);
   c10::intrusive_ptr<c10::ivalue::Future> future;
@@ -1382,6 +1400,10 @@ void NativeCollectiveEnd(const at::RecordFunction& fn, OpContext& ctx) {
     } else if (!future) {
       future = WorkFuture(v);
     }
+  }
+  if (!future && fn.outputs().empty()) {
+    RecordNativeCompleted(*native);  // returns nothing: done when it returns
+    return;
   }
   if (!future) {
     static std::atomic<bool> warned{false};

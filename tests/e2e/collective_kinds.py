@@ -1,6 +1,6 @@
 """Two ranks; one call of each torch.distributed collective the gloo backend
 supports (torch 1.13 has no reduce_scatter or all_gather_into_tensor on
-gloo), then an all-reduce on a two-rank and on a one-rank subgroup, for the
+gloo, nor coalesced collectives that dispatch), then an all-reduce on a two-rank and on a one-rank subgroup, for the
 test that every kind is recorded (Entered and Completed on both ranks,
 outputs agreeing where they must) on the right communicator. Writes
 DIR/kinds-RANK.json: the calls each rank made, in order."""
@@ -13,6 +13,15 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from train_gpt import free_port
+
+
+def dispatches(op):
+    """Whether the installed torch has the c10d dispatcher op `op`."""
+    try:
+        getattr(torch.ops.c10d, op)
+        return True
+    except (AttributeError, RuntimeError):
+        return False
 
 
 def run(rank, world, out_dir):
@@ -34,6 +43,23 @@ def run(rank, world, out_dir):
     call("scatter", lambda: dist.scatter(
         torch.empty(8), [base.clone(), base.clone()] if rank == 0 else None, src=0))
     call("barrier", dist.barrier)
+    # Where the installed torch dispatches them (2.x): the coalesced
+    # collectives, one collective over a list of tensors each, and the
+    # monitored barrier (synchronous: no work, completed when it returns).
+    if dispatches("allreduce_coalesced_"):
+        call("all_reduce_coalesced",
+             lambda: dist.all_reduce_coalesced([base.clone(), base[:4].clone()]))
+    if dispatches("allgather_coalesced_"):
+        call("all_gather_coalesced", lambda: dist.all_gather_coalesced(
+            [[torch.empty(8), torch.empty(4)] for _ in range(world)], [base, base[:4]]))
+    if dispatches("allgather_into_tensor_coalesced_"):
+        def gather_coalesced():
+            with dist._coalescing_manager():
+                dist.all_gather_into_tensor(torch.empty(16), base)
+                dist.all_gather_into_tensor(torch.empty(8), base[:4])
+        call("all_gather_into_tensor_coalesced", gather_coalesced)
+    if dispatches("monitored_barrier_"):
+        call("monitored_barrier", dist.monitored_barrier)
     # Point to point: gloo's send/recv works have no future (no Completed
     # record); recording goes on after them.
     if rank == 0:
