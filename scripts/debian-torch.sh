@@ -43,9 +43,15 @@ apt-get "${APT[@]}" update -qq
 
 # Version and name of the packages: libtorch-dev names its runtime library
 # package (libtorch2.N), libpython3-dev the Python it goes with.
-field() { apt-cache "${APT[@]}" show "$1" | awk -v f="$2:" '$1 == f { sub(/^[^ ]+ /, ""); print; exit }'; }
+# The first FIELD of a package's record (awk reads to the end: an early exit
+# would break apt-cache's pipe, which pipefail reports).
+field() {
+  apt-cache "${APT[@]}" show "$1" |
+    awk -v f="$2:" '$1 == f && !done { sub(/^[^ ]+ /, ""); print; done = 1 }'
+}
 version="$(field libtorch-dev Version)"
-if [[ -f "$DEST/.libtorch-dev-version" && "$(cat "$DEST/.libtorch-dev-version")" == "$version" ]]; then
+stamp="$DEST/.libtorch-dev-version"
+if [[ -f "$stamp" && "$(cat "$stamp")" == "$version" ]]; then
   echo "debian-torch: $SUITE's libtorch-dev $version already in $DEST"
   exit 0
 fi
@@ -57,7 +63,8 @@ if [[ -z "$runtime" || -z "$python_dev" ]]; then
   exit 2
 fi
 (cd "$STATE/debs" &&
- apt-get "${APT[@]}" download -qq "libtorch-dev=$version" "$runtime=$version" "$python_dev" "$python_lib")
+ apt-get "${APT[@]}" download -qq "libtorch-dev=$version" "$runtime=$version" \
+   "$python_dev" "$python_lib")
 
 rm -rf "$DEST.new"
 mkdir -p "$DEST.new"

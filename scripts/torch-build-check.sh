@@ -29,8 +29,10 @@ if [[ -n "${TORCH_ROOT:-}" ]]; then
   TORCH_LIBDIR="$TORCH_ROOT/usr/lib/$("$CXX" -print-multiarch)"
   python_dirs=("$TORCH_ROOT"/usr/include/python3.*)
   PYTHON_LIBRARY="$(find "$TORCH_LIBDIR" -maxdepth 1 -name 'libpython3.*.so.1.0' | head -1)"
-  if [[ ! -f "$TORCH_LIBDIR/libtorch_cpu.so" || ! -d "${python_dirs[0]}" || -z "$PYTHON_LIBRARY" ]]; then
-    echo "torch-build-check: no unpacked libtorch and Python in $TORCH_ROOT (scripts/debian-torch.sh makes one)" >&2
+  if [[ ! -f "$TORCH_LIBDIR/libtorch_cpu.so" || ! -d "${python_dirs[0]}" ||
+        -z "$PYTHON_LIBRARY" ]]; then
+    echo "torch-build-check: no unpacked libtorch and Python in $TORCH_ROOT" \
+         "(scripts/debian-torch.sh makes one)" >&2
     exit 2
   fi
   PYTHON_INCLUDE="${python_dirs[0]}"
@@ -41,7 +43,8 @@ if [[ -n "${TORCH_ROOT:-}" ]]; then
   # Under the C++11 ABI libc10's std::string arguments are std::__cxx11 ones.
   # (grep reads all of nm's output: -q would stop it early and fail the pipe.)
   TORCH_ABI=0
-  if (($(nm -D --defined-only "$TORCH_LIBDIR/libc10.so" | grep -c '__cxx11') > 0)); then TORCH_ABI=1; fi
+  cxx11_names="$(nm -D --defined-only "$TORCH_LIBDIR/libc10.so" | grep -c '__cxx11' || true)"
+  if ((cxx11_names > 0)); then TORCH_ABI=1; fi
 else
   if ! "$PY" -c 'import torch' 2>/dev/null; then
     echo "torch-build-check: $PY cannot import torch" >&2

@@ -98,8 +98,9 @@ cat > "$WORK/python" <<EOF
 exec chroot "$CHROOT" /usr/bin/env -C "\$PWD" USE_LIBUV=0 /usr/bin/python3 "\$@"
 EOF
 chmod +x "$WORK/python"
-echo "   python $("$WORK/python" -c 'import platform; print(platform.python_version())' 2>/dev/null),"\
-     "torch $("$WORK/python" -c 'import torch; print(torch.__version__)' 2>/dev/null)"
+versions="$("$WORK/python" -c 'import platform, torch
+print(f"python {platform.python_version()}, torch {torch.__version__}")' 2>/dev/null)"
+echo "   $versions"
 
 export OPGUARD_TEST_PYTHON="$WORK/python" OPGUARD_PYTHON_STAGE="$WORK/stage"
 if ((${#COMMAND[@]} > 0)); then

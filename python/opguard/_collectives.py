@@ -324,7 +324,9 @@ def install(shim, adapter):
             setattr(dist, kind, _wrap(kind, original))
     for kind, op in _DISPATCHED_ONLY.items():
         original = getattr(dist, kind, None)
-        if original is not None and not hasattr(original, "__opguard_wrapped__") and _dispatched(op):
+        if original is None or hasattr(original, "__opguard_wrapped__"):
+            continue
+        if _dispatched(op):
             setattr(dist, kind, _announcing(original, "group"))
     _wrap_ddp()
     _state["installed"] = True

@@ -1,9 +1,10 @@
 """Two ranks; one call of each torch.distributed collective the gloo backend
 supports (torch 1.13 has no reduce_scatter or all_gather_into_tensor on
-gloo, nor coalesced collectives that dispatch), then an all-reduce on a two-rank and on a one-rank subgroup, for the
-test that every kind is recorded (Entered and Completed on both ranks,
-outputs agreeing where they must) on the right communicator. Writes
-DIR/kinds-RANK.json: the calls each rank made, in order."""
+gloo, nor coalesced collectives that dispatch), then an all-reduce on a
+two-rank and on a one-rank subgroup, for the test that every kind is
+recorded (Entered and Completed on both ranks, outputs agreeing where they
+must) on the right communicator. Writes DIR/kinds-RANK.json: the calls each
+rank made, in order."""
 import json
 import os
 import sys
