@@ -55,7 +55,24 @@ if [[ ! -x "$CHROOT/usr/bin/python3" ]]; then
     { tail -20 "$WORK/debootstrap.log" >&2; exit 2; }
 fi
 
-# 2. That torch's headers, unpacked apart (the chroot's own /usr/include would
+# 2. The paths the tests use, at the same places inside the chroot: /tmp
+# (their temporary directories, the daemon's sockets), the sources, the build;
+# /proc and /dev for apt and torch.
+mount_inside() {  # mount_inside SOURCE [mount options...]
+  local target="$CHROOT$1"
+  mkdir -p "$target"
+  if ! mountpoint -q "$target"; then
+    mount "${@:2}" "$1" "$target"
+    MOUNTS+=("$target")
+  fi
+}
+mount_inside /proc --bind
+mount_inside /dev --rbind
+mount_inside /tmp --bind
+mount_inside "$ROOT" --bind
+[[ "$BUILD" == "$ROOT"/* ]] || mount_inside "$BUILD" --bind
+
+# 3. That torch's headers, unpacked apart (the chroot's own /usr/include would
 # shadow this machine's C library headers), and the adapter built against them.
 "$ROOT/scripts/debian-torch.sh" sid "$BUILD/torch2-headers"
 headers_version="$(cat "$BUILD/torch2-headers/.libtorch-dev-version")"
@@ -71,25 +88,9 @@ if [[ "$(chroot_version)" != "$headers_version" ]]; then
 fi
 TORCH_ROOT="$BUILD/torch2-headers" "$ROOT/scripts/torch-build-check.sh" "$WORK/adapter"
 
-# 3. The opguard package as this build stages it, with that adapter.
+# 4. The opguard package as this build stages it, with that adapter.
 cp -r "$BUILD/python" "$WORK/stage"
 cp "$WORK/adapter/libopguard_torch.so" "$WORK/stage/opguard/lib/libopguard_torch.so"
-
-# 4. The paths the tests use, at the same places inside the chroot: /tmp
-# (their temporary directories, the daemon's sockets), the sources, the build.
-mount_inside() {  # mount_inside SOURCE [mount options...]
-  local target="$CHROOT$1"
-  mkdir -p "$target"
-  if ! mountpoint -q "$target"; then
-    mount "${@:2}" "$1" "$target"
-    MOUNTS+=("$target")
-  fi
-}
-mount_inside /proc --bind
-mount_inside /dev --rbind
-mount_inside /tmp --bind
-mount_inside "$ROOT" --bind
-[[ "$BUILD" == "$ROOT"/* ]] || mount_inside "$BUILD" --bind
 
 # Debian's torch 2.x is built without libuv, the default of torch's TCP store
 # from 2.4 on; USE_LIBUV=0 is torch's own switch for init_process_group's.
@@ -104,9 +105,8 @@ echo "   $versions"
 
 export OPGUARD_TEST_PYTHON="$WORK/python" OPGUARD_PYTHON_STAGE="$WORK/stage"
 if ((${#COMMAND[@]} > 0)); then
-  rc=0
-  "${COMMAND[@]}" || rc=$?
-  exit "$rc"
+  "${COMMAND[@]}"  # set -e: its failure is this script's exit status
+  exit 0
 fi
 
 # 5. The end-to-end suites, as ctest runs them.
