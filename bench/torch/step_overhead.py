@@ -1,6 +1,6 @@
 """Training-step wall time of the end-to-end model (tests/e2e/train_gpt.py,
-gloo ranks on the CPU: 2, or --ranks) three ways, measured in one run and
-interleaved so that machine noise hits all three alike:
+gloo ranks on the CPU: 4 as the e2e tests train it, or --ranks) three ways,
+measured in one run and interleaved so that machine noise hits all three alike:
   plain      no OpGuard
   opguard    OPGUARD=1, recording into a real opguardd (--local, temp dir)
   dispatch   a Python TorchDispatchMode hashing every op output (the approach
@@ -51,9 +51,9 @@ def process_cpu_s(pid):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("build")
-    parser.add_argument("--steps", type=int, default=25)
+    parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--d-model", type=int, default=32)
     args = parser.parse_args()
 
