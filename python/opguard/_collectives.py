@@ -304,6 +304,46 @@ def _wrap_ddp():
     DistributedDataParallel.__init__ = _announcing(original, "process_group")
 
 
+def _forget(group):
+    """Before torch.distributed.destroy_process_group(group): the adapter and
+    this module forget the groups it destroys (every group for the default
+    one), and drop the references they held, so that the groups are really
+    destroyed (their backends' threads joined) and a new group at a reused
+    address or id() is not taken for them. A live group with the same members
+    as a destroyed one is announced again the next time it is used."""
+    adapter = _state["adapter"]
+    if group is None or group is dist.group.WORLD:
+        adapter.opguard_torch_forget_groups(0)
+        _state["comms"].clear()
+        _state["announced"].clear()
+        return
+    comm = _state["comms"].get(id(group))
+    if comm is None:
+        return
+    adapter.opguard_torch_forget_groups(comm & ((1 << 64) - 1))
+    for key in [key for key, value in _state["comms"].items() if value == comm]:
+        del _state["comms"][key]
+        _state["announced"].pop(key, None)
+
+
+def _wrap_destroy():
+    original = dist.destroy_process_group
+    if hasattr(original, "__opguard_wrapped__"):
+        return
+    params = list(inspect.signature(original).parameters)
+
+    @functools.wraps(original)
+    def destroy_process_group(*args, **kwargs):
+        try:
+            _forget(args[0] if args else kwargs.get(params[0]) if params else None)
+        except Exception:
+            pass
+        return original(*args, **kwargs)
+
+    destroy_process_group.__opguard_wrapped__ = original
+    dist.destroy_process_group = destroy_process_group
+
+
 def install(shim, adapter):
     """Wraps torch.distributed's collectives (once per process)."""
     if _state["installed"]:
@@ -314,6 +354,8 @@ def install(shim, adapter):
     shim.opguard_communicator_define.restype = ctypes.c_uint64
     adapter.opguard_torch_announce_group.argtypes = [ctypes.c_uint64]
     adapter.opguard_torch_announce_group.restype = None
+    adapter.opguard_torch_forget_groups.argtypes = [ctypes.c_uint64]
+    adapter.opguard_torch_forget_groups.restype = None
     for kind in _KINDS:
         original = getattr(dist, kind, None)
         if original is None or hasattr(original, "__opguard_wrapped__"):
@@ -329,6 +371,7 @@ def install(shim, adapter):
         if _dispatched(op):
             setattr(dist, kind, _announcing(original, "group"))
     _wrap_ddp()
+    _wrap_destroy()
     _state["installed"] = True
 
 

@@ -1210,11 +1210,19 @@ void AppendTensors(const c10::IValue& v, std::vector<at::Tensor>* out) {
   }
 }
 
-// Communicator ids of c10d process groups, by the group's address; the weak
-// reference keeps a new group at a reused address from matching.
+// Communicator ids of c10d process groups, by the group's address. No
+// reference to the group is kept, not even a weak one: c10 deletes an object
+// only once its last weak reference is gone too, and a process group's
+// destructor is what joins its backend's threads and frees its
+// communicators. A group outliving torch.distributed.destroy_process_group
+// kept those threads running into interpreter shutdown, where a late future
+// callback taking the GIL aborted the process. The opguard package forgets
+// a group before destroy_process_group destroys it (opguard_torch_forget_
+// groups), so a new group at the same address is learnt afresh; the size
+// check catches a reused address otherwise.
 struct KnownGroup {
-  c10::weak_intrusive_ptr<torch::CustomClassHolder> group;
   uint64_t communicator;
+  int size;
 };
 std::mutex g_groups_mu;
 std::unordered_map<const void*, KnownGroup>* g_groups =
@@ -1233,13 +1241,13 @@ uint64_t CommunicatorOf(const c10::IValue& arg, ThreadState& ts) {
   auto group = CustomClassOf(arg, "ProcessGroup");
   if (!group) return 0;
   std::lock_guard<std::mutex> lock(g_groups_mu);
+  const int size = ProcessGroupSize(arg);
   auto it = g_groups->find(group.get());
   if (it != g_groups->end()) {
-    if (it->second.group.lock().get() == group.get()) return it->second.communicator;
+    if (it->second.size == size) return it->second.communicator;
     g_groups->erase(it);
   }
   uint64_t id = std::exchange(ts.announced_communicator, 0);
-  const int size = ProcessGroupSize(arg);
   const char* world = std::getenv("WORLD_SIZE");
   if (id == 0 && size > 0 && world != nullptr && std::atoi(world) == size) {
     std::vector<uint32_t> ranks(static_cast<size_t>(size));
@@ -1259,8 +1267,7 @@ uint64_t CommunicatorOf(const c10::IValue& arg, ThreadState& ts) {
     return 0;
   }
   if (g_groups->size() >= 4096) g_groups->clear();
-  g_groups->insert_or_assign(
-      group.get(), KnownGroup{c10::weak_intrusive_ptr<torch::CustomClassHolder>(group), id});
+  g_groups->insert_or_assign(group.get(), KnownGroup{id, size});
   return id;
 }
 
@@ -1528,6 +1535,20 @@ __attribute__((visibility("default"))) int opguard_torch_replicated_end(void) {
 // unknown group a c10d op of this thread takes is `communicator`. 0 clears.
 __attribute__((visibility("default"))) void opguard_torch_announce_group(uint64_t communicator) {
   t_state.announced_communicator = communicator;
+}
+
+// torch.distributed.destroy_process_group is about to destroy the groups
+// named `communicator` (0: every group): they are forgotten, so that a group
+// created later at one of their addresses is not taken for them.
+__attribute__((visibility("default"))) void opguard_torch_forget_groups(uint64_t communicator) {
+  std::lock_guard<std::mutex> lock(g_groups_mu);
+  if (communicator == 0) {
+    g_groups->clear();
+    return;
+  }
+  for (auto it = g_groups->begin(); it != g_groups->end();) {
+    it = it->second.communicator == communicator ? g_groups->erase(it) : std::next(it);
+  }
 }
 
 // The current step and the calling thread's lane (collectives recorded from

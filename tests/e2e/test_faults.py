@@ -285,6 +285,20 @@ class Collectives(harness.DaemonTestCase):
         self.run_job("collective_future_wait.py", "future-wait")
         self.assert_completed("future-wait", {"world": [(0, 5, 5), (1, 5, 5)]})
 
+    def test_destroyed_process_groups_are_destroyed(self):
+        # OpGuard learns both groups from their collectives and must not keep
+        # them alive: a group outliving destroy_process_group keeps its
+        # backend's threads (and, on GPUs, its communicators) to the end of
+        # the process, where a late callback can abort it.
+        out = self.run_job("group_lifetime.py", "lifetime")
+        self.assert_completed("lifetime", {"world": [(0, 1, 1), (1, 1, 1)],
+                                           "pg0,1": [(0, 0, 0), (1, 0, 0)]})
+        for rank in (0, 1):
+            with open(os.path.join(out, f"threads-{rank}.json")) as f:
+                counts = json.load(f)
+            self.assertLess(counts["after_subgroup"], counts["both_groups"], counts)
+            self.assertEqual(counts["after_all"], counts["before"], counts)
+
     def test_every_collective_kind_is_recorded_on_its_communicator(self):
         out = self.run_job("collective_kinds.py", "kinds")
         calls = {}
