@@ -199,6 +199,45 @@ class FingerprintCache {
   uint64_t generation_ = 0;
 };
 
+// Storages that completed collectives wrote, in completion order. A
+// collective writes its outputs after its op has returned, on the backend's
+// thread and behind the version counter, so an entry a thread cached for
+// them earlier (the inputs hashed at launch) would hide what it wrote. Every
+// thread's cache drops its entries of these storages before its next lookup
+// (SyncCollectiveWrites), whichever thread took the Completed record: with
+// the entry dropped only on that thread, an op reading an all-reduced DDP
+// bucket showed the launch bytes or the reduced ones from run to run.
+class CollectiveWrites {
+ public:
+  void Add(const c10::StorageImpl* storage) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const uint64_t count = count_.load(std::memory_order_relaxed);
+    ring_[count % kKept] = storage;
+    count_.store(count + 1, std::memory_order_release);
+  }
+  uint64_t Count() const { return count_.load(std::memory_order_acquire); }
+  // Marks the writes after `seen` in `cache` (clears a cache that fell more
+  // than the ring behind) and moves `seen` to the end.
+  void Apply(uint64_t& seen, FingerprintCache& cache) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const uint64_t count = count_.load(std::memory_order_relaxed);
+    if (count - seen > kKept) {
+      cache.Clear();
+    } else {
+      for (uint64_t i = seen; i < count; ++i) cache.StorageWritten(ring_[i % kKept]);
+    }
+    seen = count;
+  }
+
+ private:
+  static constexpr uint64_t kKept = 4096;
+  std::mutex mu_;
+  std::array<const c10::StorageImpl*, kKept> ring_{};
+  std::atomic<uint64_t> count_{0};
+};
+// Never destroyed: backend threads may complete collectives during exit.
+CollectiveWrites* g_collective_writes = new CollectiveWrites();
+
 // Storages holding freshly allocated, not yet written memory (outputs of
 // aten::empty and friends), per thread. Their bytes differ from run to run by
 // definition, and so do views of them (the detach/view an nn.Parameter makes
@@ -312,6 +351,7 @@ struct ThreadState {
   uint64_t announced_communicator = 0;
   uint64_t cache_step = 0;
   FingerprintCache cache;
+  uint64_t collective_writes_seen = 0;  // g_collective_writes applied to `cache`
   UninitialisedStorages uninitialised;
   NameIds names;
   std::vector<uint8_t> gather;  // strided tensors in logical order (GatherLogical)
@@ -525,6 +565,9 @@ bool FingerprintTensor(const at::Tensor& t, OpContext& ctx, ThreadState& ts, opg
   FingerprintCache::Key key{data, TensorVersion(t), dtype, contiguous,
                             contiguous ? t.numel() * t.element_size() : layout_hash};
   if (data != nullptr && cached) {
+    if (ts.collective_writes_seen != g_collective_writes->Count()) {
+      g_collective_writes->Apply(ts.collective_writes_seen, ts.cache);
+    }
     if (const auto* hit = ts.cache.Find(key, storage)) {
       if (hit->layout_hash == layout_hash) {
         out->fp_lo = hit->lo;
@@ -1343,6 +1386,11 @@ void RecordNativeCompleted(NativeCollective& native) {
   try {
     std::lock_guard<std::mutex> lock(native.mu);
     if (std::exchange(native.done, true)) return;
+    for (const at::Tensor& t : native.outputs) {
+      if (t.defined() && t.has_storage()) {
+        g_collective_writes->Add(t.storage().unsafeGetStorageImpl());
+      }
+    }
     if ((native.future && native.future->hasError()) ||
         !g_recording.load(std::memory_order_relaxed)) {
       return;

@@ -278,6 +278,21 @@ class Collectives(harness.DaemonTestCase):
         # taken after completion agree.
         self.assert_completed("async", {"world": [(0, 0, 0), (1, 0, 0)]})
 
+    def test_op_reading_a_collectives_output_sees_the_reduced_bytes(self):
+        # The collective's launch hashed its input into rank 0's cache; the
+        # work then wrote the tensor on gloo's thread, behind the version
+        # counter, and took its Completed record there. The next op reading
+        # it on the training thread must hash what the collective wrote.
+        out = self.run_job("collective_late_read.py", "late-read")
+        launched = self.fingerprint(os.path.join(out, "input-0.bin"))
+        final = self.fingerprint(os.path.join(out, "final-0.bin"))
+        self.assertNotEqual(final, launched)
+        ops = self.lane0("late-read", 0)
+        sums = [op for op in ops if op["name"] == "aten::sum"]
+        self.assertEqual(len(sums), 1, [op["name"] for op in ops])
+        self.assertEqual(sums[0]["inputs"][0]["tensor"]["fingerprint"], final)
+        self.assert_completed("late-read", {"world": [(0, 0, 0), (1, 0, 0)]})
+
     def test_output_written_right_after_a_future_wait_is_fingerprinted_as_completed(self):
         # Rank 0 writes each all-reduce's output as soon as the future's
         # wait() returns; rank 1 does not. Both must record the reduced
