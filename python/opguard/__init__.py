@@ -40,6 +40,7 @@ def _load():
         shim.opguard_set_run_info.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p]
         shim.opguard_init.restype = ctypes.c_int
         shim.opguard_enabled.restype = ctypes.c_int
+        shim.opguard_rank.restype = ctypes.c_uint32
         adapter.opguard_torch_enable.argtypes = [ctypes.c_int, ctypes.c_char_p]
         adapter.opguard_torch_enable.restype = ctypes.c_int
         adapter.opguard_torch_mark_step.restype = ctypes.c_uint64
@@ -49,12 +50,35 @@ def _load():
         adapter.opguard_torch_replicated_end.restype = ctypes.c_int
         adapter.opguard_torch_pause.argtypes = [ctypes.c_int]
         adapter.opguard_torch_pause.restype = ctypes.c_int
+        adapter.opguard_torch_recording.restype = ctypes.c_int
         _state["shim"], _state["torch"] = shim, adapter
     return _state["shim"], _state["torch"]
 
 
+_RANK_VARIABLES = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK")  # the shim's order
+
+
 def _has_rank_env():
-    return any(v in os.environ for v in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"))
+    return any(v in os.environ for v in _RANK_VARIABLES)
+
+
+def _env_rank():
+    """The rank the shim will read from the environment ("" if none)."""
+    return next((os.environ[v] for v in _RANK_VARIABLES if v in os.environ), "")
+
+
+# A recording process exports "PID:RANK" here; its children inherit it.
+_RECORDER_VARIABLE = "OPGUARD_RECORDER"
+
+
+def _helper_of_recorder():
+    """True in a process started by a recording process under the same rank:
+    a DataLoader worker or other helper started with the spawn or forkserver
+    method (it inherits OPGUARD=1 and the rank). Recording it too would put
+    a second stream of ops under the rank's lanes. (A forked child needs no
+    check: the shim turns itself off in it.)"""
+    pid, _, rank = os.environ.get(_RECORDER_VARIABLE, "").partition(":")
+    return pid not in ("", str(os.getpid())) and rank == _env_rank()
 
 
 def _skip_prefixes():
@@ -76,6 +100,8 @@ def enable(depth=None):
     or "all" (every aten op); OPGUARD_DEPTH sets the default.
     """
     try:
+        if _helper_of_recorder():
+            return False
         import torch  # noqa: F401  (the adapter needs torch's libraries loaded)
         from . import _collectives, _determinism
         shim, adapter = _load()
@@ -93,6 +119,8 @@ def enable(depth=None):
         shim.opguard_set_run_info(3, b"python", sys.version.split()[0].encode())
         ok = adapter.opguard_torch_enable(1 if depth == "all" else 0, skip.encode()) == 1
         _state["enabled"] = ok
+        if ok:
+            os.environ[_RECORDER_VARIABLE] = f"{os.getpid()}:{shim.opguard_rank()}"
         return ok
     except Exception as e:  # never into the training program
         _warn(f"could not enable recording ({e}); training continues without it")
@@ -100,7 +128,9 @@ def enable(depth=None):
 
 
 def enabled():
-    return _state["enabled"]
+    """True while this process records (False in a forked child of a recording
+    process, or once recording stopped on an error)."""
+    return _state["enabled"] and _state["torch"].opguard_torch_recording() == 1
 
 
 def mark_step():

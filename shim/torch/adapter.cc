@@ -23,6 +23,8 @@
 #include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -1518,6 +1520,10 @@ __attribute__((visibility("default"))) int opguard_torch_enable(int all_depths,
     g_all_depths.store(all_depths != 0);
     if (!g_registered.load()) {
       RegisterCollectiveOps();
+      // A forked child (a DataLoader worker) records nothing: the shim turns
+      // itself off there, and the callbacks must not go on hashing every op
+      // for records that go nowhere.
+      pthread_atfork(nullptr, nullptr, [] { g_recording.store(false); });
       g_registered.store(true);
       g_main_thread = std::this_thread::get_id();
       g_foreign_global_observer = at::hasGlobalCallbacks();
@@ -1553,6 +1559,11 @@ __attribute__((visibility("default"))) int opguard_torch_pause(int paused) {
     DisableOnce(e.what());
     return 0;
   }
+}
+
+// 1 while the callbacks record (0 once stopped, failed or in a forked child).
+__attribute__((visibility("default"))) int opguard_torch_recording(void) {
+  return g_recording.load() ? 1 : 0;
 }
 
 // Stops recording (the callbacks stay registered but return at once).

@@ -314,6 +314,31 @@ class Collectives(harness.DaemonTestCase):
             self.assertLess(counts["after_subgroup"], counts["both_groups"], counts)
             self.assertEqual(counts["after_all"], counts["before"], counts)
 
+    def test_dataloader_workers_are_not_recorded(self):
+        # Workers started with spawn inherit OPGUARD=1 and the rank (RANK is
+        # exported once the process group exists); forked ones inherit the
+        # recording process itself. Neither may record under the rank.
+        out = self.run_job("dataloader_workers.py", "loader")
+        for rank in (0, 1):
+            with open(os.path.join(out, f"rank-{rank}.json")) as f:
+                trainer = json.load(f)
+            self.assertTrue(trainer["enabled"], trainer)
+            for method in ("spawn", "fork"):
+                seen = [name for name in os.listdir(out)
+                        if name.startswith(f"worker-{method}-{rank}-")]
+                self.assertEqual(len(seen), 1, os.listdir(out))
+                with open(os.path.join(out, seen[0])) as f:
+                    worker = json.load(f)
+                self.assertFalse(worker["enabled"], (method, worker))
+                self.assertEqual(worker["recorder"], f"{trainer['pid']}:{rank}", worker)
+        self.assert_completed("loader", {"world": [(0, 0, 0), (1, 0, 0)]})
+        ops = self.lane0("loader", 0)
+        # The batches' own ops (the workers' indexing and collation) are not in
+        # the rank's lane: only the training process's sums of them.
+        self.assertNotIn("aten::stack", [op["name"] for op in ops])
+        self.assertEqual(len([op for op in ops if op["name"] == "aten::sum"]), 4,
+                         [op["name"] for op in ops])
+
     def test_every_collective_kind_is_recorded_on_its_communicator(self):
         out = self.run_job("collective_kinds.py", "kinds")
         calls = {}
