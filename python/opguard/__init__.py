@@ -103,7 +103,7 @@ def enable(depth=None):
         if _helper_of_recorder():
             return False
         import torch  # noqa: F401  (the adapter needs torch's libraries loaded)
-        from . import _collectives, _determinism
+        from . import _collectives, _data, _determinism
         shim, adapter = _load()
         depth = depth or os.environ.get("OPGUARD_DEPTH", "top")
         if depth not in ("top", "all"):
@@ -114,6 +114,7 @@ def enable(depth=None):
         _determinism.apply(shim)
         skip = _skip_prefixes()
         _collectives.install(shim, adapter)
+        _data.install(adapter)
         shim.opguard_set_run_info(1, b"", b"pytorch")
         shim.opguard_set_run_info(3, b"torch", torch.__version__.encode())
         shim.opguard_set_run_info(3, b"python", sys.version.split()[0].encode())

@@ -348,6 +348,7 @@ struct ThreadState {
   int64_t lane = -1;
   int optimizer_steps = 0;     // Optimizer.step scopes currently open
   int replicated_regions = 0;  // opguard.replicated() regions currently open
+  int unrecorded_regions = 0;  // DataLoader work on this thread (opguard/_data.py)
   // Communicator the opguard package announced for the next process group
   // this thread uses that OpGuard does not know yet (0: none).
   uint64_t announced_communicator = 0;
@@ -806,6 +807,7 @@ std::unique_ptr<at::ObserverContext> OnFunctionStart(const at::RecordFunction& f
   if (std::strncmp(fn.name(), "opguard::", 9) == 0) return nullptr;
   bool in_backward = ts.backward_nodes > 0 && !ts.nodes.empty();
   if (depth != 0 && !g_all_depths.load(std::memory_order_relaxed)) return nullptr;
+  if (ts.unrecorded_regions > 0) return nullptr;
   if (ts.cache_step != g_step.load(std::memory_order_relaxed)) {
     ts.cache.Clear();  // bound the cache to one step's tensors
     ts.cache_step = g_step.load(std::memory_order_relaxed);
@@ -1587,6 +1589,21 @@ __attribute__((visibility("default"))) int opguard_torch_replicated_end(void) {
   ThreadState& ts = t_state;
   if (ts.replicated_regions > 0) --ts.replicated_regions;
   return ts.replicated_regions;
+}
+
+// The DataLoader's own work (fetching and collating batches, receiving them
+// from its workers in whatever order they arrive, pinning them) is not
+// recorded: the ops the calling thread runs between Begin and End are left
+// out (collectives excepted). A batch is fingerprinted where the training
+// code first uses it. Regions nest; End without Begin is ignored. Returns the
+// thread's region depth after the call.
+__attribute__((visibility("default"))) int opguard_torch_unrecorded_begin(void) {
+  return ++t_state.unrecorded_regions;
+}
+__attribute__((visibility("default"))) int opguard_torch_unrecorded_end(void) {
+  ThreadState& ts = t_state;
+  if (ts.unrecorded_regions > 0) --ts.unrecorded_regions;
+  return ts.unrecorded_regions;
 }
 
 // The opguard package names a process group OpGuard has not seen before the

@@ -1,8 +1,9 @@
 """Two ranks, each reading batches through DataLoader workers started with
-the spawn and the fork methods. The workers inherit OPGUARD=1 and the rank;
-they must not record (a second stream of ops under the rank's lanes). Each
-worker writes DIR/worker-METHOD-RANK-PID.json with what it saw; each rank
-writes DIR/rank-RANK.json with whether it records."""
+the spawn and the fork methods, then without workers. The workers inherit
+OPGUARD=1 and the rank; they must not record (a second stream of ops under
+the rank's lanes). Each worker writes DIR/worker-METHOD-RANK-PID.json with
+what it saw (METHOD "main": the rank's own process); each rank writes
+DIR/rank-RANK.json with whether it records."""
 import json
 import os
 import sys
@@ -39,9 +40,12 @@ def run(rank, world, out_dir):
     with open(os.path.join(out_dir, f"rank-{rank}.json"), "w") as f:
         json.dump({"enabled": opguard.enabled(), "pid": os.getpid()}, f)
     total = torch.zeros(16)
-    for method in ("spawn", "fork"):
-        loader = DataLoader(Tokens(out_dir, method, rank), batch_size=4, num_workers=1,
-                            multiprocessing_context=method)
+    for method in ("spawn", "fork", "main"):
+        if method == "main":  # no workers: fetched and collated in this process
+            loader = DataLoader(Tokens(out_dir, method, rank), batch_size=4)
+        else:
+            loader = DataLoader(Tokens(out_dir, method, rank), batch_size=4, num_workers=1,
+                                multiprocessing_context=method)
         for batch in loader:
             total += batch.float().sum(0)
     dist.all_reduce(total)
