@@ -344,6 +344,35 @@ def _wrap_destroy():
     dist.destroy_process_group = destroy_process_group
 
 
+def _wrap_future_callbacks(adapter):
+    """Callbacks given to a torch Future (then, add_done_callback) run in a
+    callback region: their ops go to the adapter's callback lane, whichever
+    thread runs them. A DDP comm hook's `fut.then(decompress)` runs inline on
+    the autograd thread when the all-reduce has already completed, else later
+    on the backend's thread; per-thread lanes would put its ops in a
+    different lane from run to run."""
+    cls = getattr(torch._C, "Future", None)
+    for name in ("then", "add_done_callback"):
+        original = getattr(cls, name, None)
+        if original is None or hasattr(original, "__opguard_wrapped__"):
+            continue
+
+        def wrapper(self, callback, *args, _original=original, **kwargs):
+            @functools.wraps(callback)
+            def in_region(future):
+                adapter.opguard_torch_callback_begin()
+                try:
+                    return callback(future)
+                finally:
+                    adapter.opguard_torch_callback_end()
+
+            return _original(self, in_region, *args, **kwargs)
+
+        wrapper.__opguard_wrapped__ = original
+        functools.update_wrapper(wrapper, original, updated=())
+        setattr(cls, name, wrapper)
+
+
 def install(shim, adapter):
     """Wraps torch.distributed's collectives (once per process)."""
     if _state["installed"]:
@@ -372,6 +401,7 @@ def install(shim, adapter):
             setattr(dist, kind, _announcing(original, "group"))
     _wrap_ddp()
     _wrap_destroy()
+    _wrap_future_callbacks(adapter)
     _state["installed"] = True
 
 

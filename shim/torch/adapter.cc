@@ -49,6 +49,11 @@ namespace {
 
 constexpr uint32_t kMainLane = 0;
 constexpr uint32_t kBackwardLane = 1;  // autograd worker threads (device backward)
+// Ops run inside future callbacks the opguard package wrapped (a DDP comm
+// hook's `fut.then(decompress)`): inline on the thread that calls then() or
+// later on the backend's thread, as timing has it; one lane for them all
+// keeps which lane holds them the same from run to run.
+constexpr uint32_t kCallbackLane = 4095;
 
 std::atomic<bool> g_recording{false};
 std::atomic<bool> g_registered{false};
@@ -349,6 +354,7 @@ struct ThreadState {
   int optimizer_steps = 0;     // Optimizer.step scopes currently open
   int replicated_regions = 0;  // opguard.replicated() regions currently open
   int unrecorded_regions = 0;  // DataLoader work on this thread (opguard/_data.py)
+  int callback_regions = 0;    // future callbacks running on this thread
   // Communicator the opguard package announced for the next process group
   // this thread uses that OpGuard does not know yet (0: none).
   uint64_t announced_communicator = 0;
@@ -366,6 +372,7 @@ struct ThreadState {
 thread_local ThreadState t_state;
 
 uint32_t LaneOf(ThreadState& ts) {
+  if (ts.callback_regions > 0) return kCallbackLane;
   if (ts.lane < 0) {
     if (std::this_thread::get_id() == g_main_thread) {
       ts.lane = kMainLane;
@@ -1604,6 +1611,18 @@ __attribute__((visibility("default"))) int opguard_torch_unrecorded_end(void) {
   ThreadState& ts = t_state;
   if (ts.unrecorded_regions > 0) --ts.unrecorded_regions;
   return ts.unrecorded_regions;
+}
+
+// A future callback the opguard package wrapped runs between Begin and End
+// on the calling thread: its ops go to kCallbackLane. Regions nest; End
+// without Begin is ignored. Returns the thread's region depth after the call.
+__attribute__((visibility("default"))) int opguard_torch_callback_begin(void) {
+  return ++t_state.callback_regions;
+}
+__attribute__((visibility("default"))) int opguard_torch_callback_end(void) {
+  ThreadState& ts = t_state;
+  if (ts.callback_regions > 0) --ts.callback_regions;
+  return ts.callback_regions;
 }
 
 // The opguard package names a process group OpGuard has not seen before the

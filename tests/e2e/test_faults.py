@@ -246,9 +246,9 @@ class Collectives(harness.DaemonTestCase):
                        env=env, check=True, timeout=300, capture_output=True)
         return out
 
-    def lane0(self, run, rank):
+    def lane0(self, run, rank, lane=0):
         http = self.daemon.status["http"]
-        url = f"http://{http}/api/runs/{run}/ranks/{rank}/trace?lane=0&from=0&max=10000"
+        url = f"http://{http}/api/runs/{run}/ranks/{rank}/trace?lane={lane}&from=0&max=10000"
         with urllib.request.urlopen(url, timeout=30) as answer:
             return json.load(answer)["ops"]
 
@@ -340,6 +340,21 @@ class Collectives(harness.DaemonTestCase):
         for internal in ("aten::select", "aten::stack", "aten::set_"):
             self.assertNotIn(internal, names)
         self.assertEqual(names.count("aten::sum"), 6, names)
+
+    def test_future_callback_ops_share_one_lane_whichever_thread_runs_them(self):
+        # Rank 0's first callback runs on gloo's thread, its second inline
+        # on the training thread; per-thread lanes would split them (and
+        # number gloo's thread by first use). Both go to the callback lane.
+        self.run_job("collective_callbacks.py", "callbacks")
+        script = os.path.join(harness.HERE, "collective_callbacks.py")
+        for rank in (0, 1):
+            ops = self.lane0("callbacks", rank, lane=4095)
+            self.assertEqual([op["name"] for op in ops], ["aten::neg", "aten::sqrt"], ops)
+            self.assertEqual(ops[0]["site"]["line"], harness.line_of(script, ".neg()"))
+            training = [op["name"] for op in self.lane0("callbacks", rank)]
+            self.assertNotIn("aten::neg", training)
+            self.assertNotIn("aten::sqrt", training)
+            self.assertEqual(self.lane0("callbacks", rank, lane=2), [])
 
     def test_every_collective_kind_is_recorded_on_its_communicator(self):
         out = self.run_job("collective_kinds.py", "kinds")
