@@ -96,6 +96,49 @@ class AutoloadLaunchers(harness.DaemonTestCase):
             self.assertEqual(r["gaps"], 0, r)
             self.assertTrue(r["ended"], r)
 
+    DETERMINISM_PROBE = (
+        "import json, os, sys, torch\n"
+        "torch.ones(2).add(1)\n"
+        "print(json.dumps({'deterministic': torch.are_deterministic_algorithms_enabled(),\n"
+        "                  'warn_only': torch.is_deterministic_algorithms_warn_only_enabled(),\n"
+        "                  'inductor_imported': 'torch._inductor.config' in sys.modules,\n"
+        "                  'env': {k: os.environ.get(k) for k in ('CUBLAS_WORKSPACE_CONFIG',\n"
+        "                          'NCCL_ALGO', 'TORCHINDUCTOR_DETERMINISTIC')}}))\n")
+
+    def probe_determinism(self, run, **env):
+        result = subprocess.run(
+            [harness.PYTHON, "-c", self.DETERMINISM_PROBE],
+            env=self.site.env(OPGUARD=1, OPGUARD_RUN=run, OPGUARD_ENDPOINT=self.daemon.ingest,
+                              RANK=0, WORLD_SIZE=1, **env),
+            capture_output=True, text=True, timeout=120)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        return json.loads(result.stdout.strip().splitlines()[-1]), self.ranks_of(run)
+
+    def test_determinism_is_applied_and_recorded(self):
+        state, info = self.probe_determinism("det-on")
+        self.assertTrue(state["deterministic"], state)
+        self.assertTrue(state["warn_only"], state)
+        self.assertEqual(state["env"], {"CUBLAS_WORKSPACE_CONFIG": ":16:8", "NCCL_ALGO": "Ring",
+                                        "TORCHINDUCTOR_DETERMINISTIC": "1"})
+        # Enabling inside `import torch` does not import torch.compile's
+        # inductor (slow, and on torch 2.14 it kept process groups alive).
+        self.assertFalse(state["inductor_imported"])
+        det = info["determinism"]
+        self.assertEqual(det["mode"], "on", det)
+        self.assertEqual(det["torch.use_deterministic_algorithms"], "True (warn_only)", det)
+        self.assertEqual(det["TORCHINDUCTOR_DETERMINISTIC"], "1", det)
+        # A value the user set wins, and is what the metadata records.
+        state, info = self.probe_determinism("det-user", NCCL_ALGO="Tree")
+        self.assertEqual(state["env"]["NCCL_ALGO"], "Tree")
+        self.assertEqual(info["determinism"]["NCCL_ALGO"], "Tree")
+
+    def test_determinism_off_leaves_the_job_alone(self):
+        state, info = self.probe_determinism("det-off", OPGUARD_DETERMINISM="off")
+        self.assertFalse(state["deterministic"], state)
+        self.assertEqual(state["env"], {"CUBLAS_WORKSPACE_CONFIG": None, "NCCL_ALGO": None,
+                                        "TORCHINDUCTOR_DETERMINISTIC": None})
+        self.assertEqual(info["determinism"], {"mode": "off"})
+
     def test_spawn(self):
         harness.train(self.site, self.daemon, "spawn-run", ranks=2, steps=2, launcher="spawn")
         self.check_run("spawn-run", 2)
