@@ -206,45 +206,6 @@ class FingerprintCache {
   uint64_t generation_ = 0;
 };
 
-// Storages that completed collectives wrote, in completion order. A
-// collective writes its outputs after its op has returned, on the backend's
-// thread and behind the version counter, so an entry a thread cached for
-// them earlier (the inputs hashed at launch) would hide what it wrote. Every
-// thread's cache drops its entries of these storages before its next lookup
-// (SyncCollectiveWrites), whichever thread took the Completed record: with
-// the entry dropped only on that thread, an op reading an all-reduced DDP
-// bucket showed the launch bytes or the reduced ones from run to run.
-class CollectiveWrites {
- public:
-  void Add(const c10::StorageImpl* storage) {
-    std::lock_guard<std::mutex> lock(mu_);
-    const uint64_t count = count_.load(std::memory_order_relaxed);
-    ring_[count % kKept] = storage;
-    count_.store(count + 1, std::memory_order_release);
-  }
-  uint64_t Count() const { return count_.load(std::memory_order_acquire); }
-  // Marks the writes after `seen` in `cache` (clears a cache that fell more
-  // than the ring behind) and moves `seen` to the end.
-  void Apply(uint64_t& seen, FingerprintCache& cache) {
-    std::lock_guard<std::mutex> lock(mu_);
-    const uint64_t count = count_.load(std::memory_order_relaxed);
-    if (count - seen > kKept) {
-      cache.Clear();
-    } else {
-      for (uint64_t i = seen; i < count; ++i) cache.StorageWritten(ring_[i % kKept]);
-    }
-    seen = count;
-  }
-
- private:
-  static constexpr uint64_t kKept = 4096;
-  std::mutex mu_;
-  std::array<const c10::StorageImpl*, kKept> ring_{};
-  std::atomic<uint64_t> count_{0};
-};
-// Never destroyed: backend threads may complete collectives during exit.
-CollectiveWrites* g_collective_writes = new CollectiveWrites();
-
 // Storages holding freshly allocated, not yet written memory (outputs of
 // aten::empty and friends), per thread. Their bytes differ from run to run by
 // definition, and so do views of them (the detach/view an nn.Parameter makes
@@ -270,7 +231,10 @@ class UninitialisedStorages {
     if ((filter_[FilterBit(storage) / 64] >> (FilterBit(storage) % 64) & 1) == 0) return false;
     return map_.count(storage) != 0;
   }
-  void Remove(const at::Tensor& t) { map_.erase(t.storage().unsafeGetStorageImpl()); }
+  void Remove(const at::Tensor& t) { Remove(t.storage().unsafeGetStorageImpl()); }
+  void Remove(const c10::StorageImpl* storage) {
+    if (!map_.empty()) map_.erase(storage);
+  }
 
  private:
   static constexpr size_t kFilterBits = 1u << 15;
@@ -284,6 +248,51 @@ class UninitialisedStorages {
   std::unordered_map<const c10::StorageImpl*, c10::weak_intrusive_ptr<c10::StorageImpl>> map_;
   std::array<uint64_t, kFilterBits / 64> filter_{};
 };
+
+// Storages that completed collectives wrote, in completion order. A
+// collective writes its outputs after its op has returned, on the backend's
+// thread and behind the version counter, so an entry a thread cached for
+// them earlier (the inputs hashed at launch) would hide what it wrote. Every
+// thread's cache drops its entries of these storages before it next
+// fingerprints a tensor (FingerprintTensor), whichever thread took the
+// Completed record: with the entry dropped only on that thread, an op
+// reading an all-reduced DDP bucket showed the launch bytes or the reduced
+// ones from run to run.
+class CollectiveWrites {
+ public:
+  void Add(const c10::StorageImpl* storage) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const uint64_t count = count_.load(std::memory_order_relaxed);
+    ring_[count % kKept] = storage;
+    count_.store(count + 1, std::memory_order_release);
+  }
+  uint64_t Count() const { return count_.load(std::memory_order_acquire); }
+  // Marks the writes after `seen` in `cache` (clears a cache that fell more
+  // than the ring behind) and takes the storages out of `uninitialised` (a
+  // buffer torch.empty made for a broadcast to fill holds data now); moves
+  // `seen` to the end.
+  void Apply(uint64_t& seen, FingerprintCache& cache, UninitialisedStorages& uninitialised) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const uint64_t count = count_.load(std::memory_order_relaxed);
+    if (count - seen > kKept) {
+      cache.Clear();
+    } else {
+      for (uint64_t i = seen; i < count; ++i) {
+        cache.StorageWritten(ring_[i % kKept]);
+        uninitialised.Remove(ring_[i % kKept]);
+      }
+    }
+    seen = count;
+  }
+
+ private:
+  static constexpr uint64_t kKept = 4096;
+  std::mutex mu_;
+  std::array<const c10::StorageImpl*, kKept> ring_{};
+  std::atomic<uint64_t> count_{0};
+};
+// Never destroyed: backend threads may complete collectives during exit.
+CollectiveWrites* g_collective_writes = new CollectiveWrites();
 
 // Interned names by the address of the name RecordFunction hands out. Names
 // of dispatcher ops are the operator's schema name, which lives as long as the
@@ -574,10 +583,15 @@ bool FingerprintTensor(const at::Tensor& t, OpContext& ctx, ThreadState& ts, opg
   const uint32_t ndim = static_cast<uint32_t>(sizes.size());
   FingerprintCache::Key key{data, TensorVersion(t), dtype, contiguous,
                             contiguous ? t.numel() * t.element_size() : layout_hash};
-  if (data != nullptr && cached) {
-    if (ts.collective_writes_seen != g_collective_writes->Count()) {
-      g_collective_writes->Apply(ts.collective_writes_seen, ts.cache);
-    }
+  if (ts.collective_writes_seen != g_collective_writes->Count()) {
+    g_collective_writes->Apply(ts.collective_writes_seen, ts.cache, ts.uninitialised);
+  }
+  // Memory an op handed out uninitialised (aten::empty) is often filled
+  // without an op or a version bump (torch.LongTensor([n]) writes it in C++):
+  // its fingerprint is never cached, so a later read hashes what is there
+  // rather than the garbage seen at allocation.
+  const bool cacheable = data != nullptr && !ts.uninitialised.Contains(t);
+  if (cacheable && cached) {
     if (const auto* hit = ts.cache.Find(key, storage)) {
       if (hit->layout_hash == layout_hash) {
         out->fp_lo = hit->lo;
@@ -614,7 +628,7 @@ bool FingerprintTensor(const at::Tensor& t, OpContext& ctx, ThreadState& ts, opg
     return false;
   }
   out->shape = OpContext::AsOffset(offset);
-  if (data != nullptr) {
+  if (cacheable) {
     ts.cache.Put(key, FingerprintCache::Value{t.storage().getWeakStorageImpl(), out->fp_lo,
                                               out->fp_hi, out->stats, out->has_stats, sums,
                                               layout_hash});
@@ -1007,7 +1021,8 @@ bool KeepNestedOps() {
 // lane position after the boundary (where the collective was issued), for
 // Completed the caller repeats it. Collective boundaries are never flagged
 // replicated: their inputs are each rank's own.
-int RecordCollective(opguard_collective* rec, uint64_t op_name, uint64_t* seq) {
+int RecordCollective(opguard_collective* rec, uint64_t op_name, uint64_t* seq,
+                     uint32_t op_flags = 0) {
   const uint32_t lane = LaneOf(t_state);
   c10::SmallVector<opguard_value, 8> values(rec->num_inputs);
   for (uint32_t i = 0; i < rec->num_inputs; ++i) {
@@ -1023,6 +1038,7 @@ int RecordCollective(opguard_collective* rec, uint64_t op_name, uint64_t* seq) {
   op.op_index = OPGUARD_AUTO;
   op.name = op_name;
   op.site = rec->site;
+  op.flags = op_flags;
   op.num_inputs = rec->num_inputs;
   op.inputs = values.data();
   op.num_outputs = entered ? rec->num_inputs : rec->num_outputs;
@@ -1056,6 +1072,9 @@ bool FingerprintAll(at::TensorList tensors, OpContext& ctx, ThreadState& ts) {
   for (const at::Tensor& t : tensors) {
     opguard_tensor out;
     if (!FingerprintTensor(t, ctx, ts, &out, /*cached=*/false)) return false;
+    // A receiving rank's broadcast buffer, fresh from torch.empty: its bytes
+    // at launch are garbage, never evidence (see RecordEntered).
+    if (ts.uninitialised.Contains(t)) ctx.uninitialised_output = true;
     ctx.outputs.push_back(out);
   }
   return true;
@@ -1092,7 +1111,12 @@ bool RecordEntered(OpContext& ctx, const at::Tensor* first, uint8_t kind, uint64
   rec.inputs = ctx.outputs.data();
   const uint64_t step = g_step.load(std::memory_order_relaxed);
   uint64_t seq = 0;
-  if (RecordCollective(&rec, name, &seq) != OPGUARD_OK) return false;
+  // Inputs from uninitialised memory (a broadcast's receiving buffer) make
+  // the boundary no evidence of a divergence, as for aten::empty's output.
+  if (RecordCollective(&rec, name, &seq,
+                       ctx.uninitialised_output ? OPGUARD_OP_NONDETERMINISTIC : 0) != OPGUARD_OK) {
+    return false;
+  }
   rec.seq = seq;
   rec.step = step;
   pending->rec = rec;
@@ -1170,6 +1194,11 @@ int64_t CollectiveComplete(int64_t token, at::TensorList outputs, int64_t name) 
       if (it == g_pending->end()) return 0;
       pending = std::move(it->second);
       g_pending->erase(it);
+    }
+    for (const at::Tensor& t : outputs) {
+      if (t.defined() && t.has_storage()) {
+        g_collective_writes->Add(t.storage().unsafeGetStorageImpl());
+      }
     }
     if (!g_recording.load(std::memory_order_relaxed)) return 0;
     ThreadState& ts = t_state;

@@ -356,6 +356,25 @@ class Collectives(harness.DaemonTestCase):
             self.assertNotIn("aten::sqrt", training)
             self.assertEqual(self.lane0("callbacks", rank, lane=2), [])
 
+    def test_memory_filled_outside_ops_is_hashed_as_filled(self):
+        # torch.LongTensor([n]) writes n into aten::empty's memory in C++, with
+        # no op and no version bump: the next op must see n, not the garbage
+        # hashed at allocation. Rank 1's broadcast buffer, fresh from
+        # torch.empty, is garbage at launch: its [enter] boundary is flagged,
+        # never evidence, and the op after it sees the broadcast bytes.
+        out = self.run_job("collective_fresh_buffers.py", "fresh")
+        broadcast_bytes = self.fingerprint(os.path.join(out, "buf-0.bin"), shape="64")
+        for rank in (0, 1):
+            ops = self.lane0("fresh", rank)
+            by_name = {op["name"]: op for op in ops}
+            count = self.fingerprint(os.path.join(out, f"count-{rank}.bin"), "int64", "1")
+            self.assertEqual(by_name["aten::add"]["inputs"][0]["tensor"]["fingerprint"], count)
+            enter = by_name["c10d::broadcast [enter]"]
+            self.assertEqual(enter["nondeterministic"], rank == 1, enter)
+            neg = by_name["aten::neg"]
+            self.assertFalse(neg["nondeterministic"], neg)
+            self.assertEqual(neg["inputs"][0]["tensor"]["fingerprint"], broadcast_bytes)
+
     def test_every_collective_kind_is_recorded_on_its_communicator(self):
         out = self.run_job("collective_kinds.py", "kinds")
         calls = {}
@@ -375,9 +394,9 @@ class Collectives(harness.DaemonTestCase):
                                         "pg0,1": [(0, 0, 0), (1, 0, 0)],
                                         "pg0": [(0, 0, 0)], "pg1": [(1, 0, 0)]})
 
-    def fingerprint(self, path):
-        result = subprocess.run([os.environ["OPGUARD_CLI"], "fingerprint", "--dtype", "float32",
-                                 "--shape", "4096", path], capture_output=True, text=True,
+    def fingerprint(self, path, dtype="float32", shape="4096"):
+        result = subprocess.run([os.environ["OPGUARD_CLI"], "fingerprint", "--dtype", dtype,
+                                 "--shape", shape, path], capture_output=True, text=True,
                                 check=True)
         return result.stdout.strip()
 
