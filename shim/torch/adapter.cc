@@ -23,6 +23,9 @@
 #include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
+#include <dlfcn.h>
+#include <execinfo.h>
+#include <link.h>  // ElfW, for dladdr1's symbol entry
 #include <pthread.h>
 
 #include <algorithm>
@@ -360,6 +363,7 @@ struct ThreadState {
   int64_t node_seq = -1;   // innermost autograd node's sequence number
   c10::SmallVector<NodeName, 4> nodes;  // autograd nodes being run, innermost last
   int64_t lane = -1;
+  int8_t backend_thread = -1;  // runs a c10d backend's work loop (see IsBackendThread); -1 unknown
   int optimizer_steps = 0;     // Optimizer.step scopes currently open
   int replicated_regions = 0;  // opguard.replicated() regions currently open
   int unrecorded_regions = 0;  // DataLoader work on this thread (opguard/_data.py)
@@ -778,6 +782,52 @@ bool IsEngineWrapper(const at::RecordFunction& fn) {
   return std::strncmp(fn.name(), "autograd::engine::evaluate_function: ", 37) == 0;
 }
 
+// The address ranges of the c10d backends' work loops (gloo's worker
+// threads, MPI's), from the exported symbols of the torch in the process.
+struct CodeRange {
+  uintptr_t begin = 0, end = 0;
+};
+const std::vector<CodeRange>& BackendLoops() {
+  static const std::vector<CodeRange> ranges = [] {
+    std::vector<CodeRange> found;
+    for (const char* name : {"_ZN4c10d16ProcessGroupGloo7runLoopEi",
+                             "_ZN4c10d15ProcessGroupMPI7runLoopEv"}) {
+      void* start = dlsym(RTLD_DEFAULT, name);
+      Dl_info info;
+      void* entry = nullptr;  // the symbol's ElfW(Sym)
+      if (start == nullptr || dladdr1(start, &info, &entry, RTLD_DL_SYMENT) == 0) continue;
+      const auto* sym = static_cast<const ElfW(Sym)*>(entry);
+      if (sym != nullptr && sym->st_size > 0) {
+        const auto begin = reinterpret_cast<uintptr_t>(start);
+        found.push_back(CodeRange{begin, begin + sym->st_size});
+      }
+    }
+    return found;
+  }();
+  return ranges;
+}
+
+// Whether this thread is a c10d backend's worker (a frame of its stack lies
+// in a work loop): gloo's two workers take collectives in turn, so the lanes
+// their ops would get, and what each lane holds, change from run to run.
+// Decided once per thread, from its stack at its first op.
+bool IsBackendThread(ThreadState& ts) {
+  if (ts.backend_thread < 0) {
+    ts.backend_thread = 0;
+    if (std::this_thread::get_id() != g_main_thread && !BackendLoops().empty()) {
+      void* frames[96];
+      const int n = backtrace(frames, 96);
+      for (int i = 0; i < n && ts.backend_thread == 0; ++i) {
+        const auto pc = reinterpret_cast<uintptr_t>(frames[i]);
+        for (const CodeRange& r : BackendLoops()) {
+          if (pc > r.begin && pc <= r.end) ts.backend_thread = 1;
+        }
+      }
+    }
+  }
+  return ts.backend_thread == 1;
+}
+
 // torch.optim wraps every Optimizer.step in a USER_SCOPE RecordFunction named
 // "Optimizer.step#<Class>.step".
 bool IsOptimizerStep(const at::RecordFunction& fn) {
@@ -826,6 +876,10 @@ std::unique_ptr<at::ObserverContext> OnFunctionStart(const at::RecordFunction& f
   }
   // OpGuard's own collective ops (RegisterCollectiveOps) record themselves.
   if (std::strncmp(fn.name(), "opguard::", 9) == 0) return nullptr;
+  // A backend's own ops while it runs a collective (gloo's all_gather copies
+  // its flat buffer into the outputs on its worker thread) are the
+  // collective's internals, shown by its Completed record.
+  if (ts.callback_regions == 0 && IsBackendThread(ts)) return nullptr;
   bool in_backward = ts.backward_nodes > 0 && !ts.nodes.empty();
   if (depth != 0 && !g_all_depths.load(std::memory_order_relaxed)) return nullptr;
   if (ts.unrecorded_regions > 0) return nullptr;

@@ -375,6 +375,21 @@ class Collectives(harness.DaemonTestCase):
             self.assertFalse(neg["nondeterministic"], neg)
             self.assertEqual(neg["inputs"][0]["tensor"]["fingerprint"], broadcast_bytes)
 
+    def test_backend_worker_ops_are_not_recorded(self):
+        # Gloo's two workers take collectives in turn and run aten ops of
+        # their own (all_gather's unflatten copies): recorded, they filled
+        # lanes 2 and 3 in an order that changed from run to run. Only the
+        # training thread's lane holds ops; the all-gathers are collectives.
+        self.run_job("collective_backend_ops.py", "backend-ops")
+        for rank in (0, 1):
+            names = [op["name"] for op in self.lane0("backend-ops", rank)]
+            self.assertIn("aten::cat", names)
+            for lane in (1, 2, 3):
+                self.assertEqual(self.lane0("backend-ops", rank, lane=lane), [], lane)
+        report = self.daemon.cli_json("collectives", "backend-ops")
+        self.assertEqual(report["mismatches"], [], json.dumps(report)[:3000])
+        self.assertEqual(report["status"], "identical", json.dumps(report)[:3000])
+
     def test_every_collective_kind_is_recorded_on_its_communicator(self):
         out = self.run_job("collective_kinds.py", "kinds")
         calls = {}
