@@ -112,7 +112,7 @@ fi
 # 5. The end-to-end suites, as ctest runs them.
 cd "$ROOT/tests/e2e"
 status=0
-for suite in autoload faults; do
+for suite in autoload faults patterns; do
   rc=0
   OPGUARDD="$BUILD/daemon/opguardd" OPGUARD_CLI="$BUILD/cli/opguard" PYTHONDONTWRITEBYTECODE=1 \
     timeout 1200 /usr/bin/python3 -m unittest -v "test_$suite" > "$WORK/$suite.log" 2>&1 || rc=$?

@@ -1,0 +1,147 @@
+"""The e2e model (train_gpt.TinyGPT) trained for 3 steps on 2 gloo ranks in
+one of the ways real jobs train, chosen by PATTERN (see PATTERNS). Run twice
+under OPGUARD=1, a clean job must record identical runs: anything that
+changes from run to run (threads, arrival order, memory) is OpGuard's to
+keep out of the comparison.
+
+Launch: python3 train_patterns.py PATTERN (torch.multiprocessing.spawn).
+"""
+import datetime
+import io
+import os
+import sys
+import threading
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+from train_gpt import TinyGPT, free_port
+
+PATTERNS = {
+    "ddp_buckets": "DistributedDataParallel with several gradient buckets",
+    "ddp_unused": "DDP with find_unused_parameters",
+    "ddp_static_graph": "DDP with a static graph",
+    "ddp_no_sync": "DDP accumulating one micro-batch under no_sync()",
+    "ddp_fp16_hook": "DDP with the fp16 compression comm hook (a Python future callback)",
+    "checkpoint": "activation checkpointing of the blocks (non-reentrant)",
+    "checkpoint_reentrant": "activation checkpointing of the blocks (reentrant)",
+    "autocast": "bfloat16 autocast on the CPU",
+    "dataloader": "batches from a DataLoader with two worker processes",
+    "side_thread": "a Python thread running ops while the training thread waits",
+    "eval": "an evaluation forward under no_grad after each step",
+    "clip": "gradient clipping",
+    "checkpoint_save": "a state_dict saved each step",
+    "objects": "all_gather_object and broadcast_object_list each step",
+    "grad_penalty": "a gradient penalty through autograd.grad(create_graph=True)",
+    "torchscript": "a TorchScript module run each step",
+}
+DDP = ("ddp_buckets", "ddp_unused", "ddp_static_graph", "ddp_no_sync", "ddp_fp16_hook")
+
+
+def wrap(core, pattern):
+    """The model the step runs: DDP for the DDP patterns, else `core` (its
+    gradients averaged with dist.all_reduce after backward)."""
+    if pattern not in DDP:
+        return core
+    from torch.nn.parallel import DistributedDataParallel
+    if pattern != "ddp_fp16_hook":
+        # Small buckets: several all-reduces per backward, completing on
+        # gloo's threads while backward goes on (fp16_compress_hook hangs
+        # with several buckets on gloo in torch 1.13, OpGuard or not).
+        dist._DEFAULT_FIRST_BUCKET_BYTES = 4000
+    model = DistributedDataParallel(core, bucket_cap_mb=0.01,
+                                    find_unused_parameters=pattern == "ddp_unused")
+    if pattern == "ddp_static_graph":
+        model._set_static_graph()
+    if pattern == "ddp_fp16_hook":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    return model
+
+
+def checkpointed(core, reentrant):
+    from torch.utils.checkpoint import checkpoint
+    for block in core.blocks:
+        block.forward = (lambda f: lambda x: checkpoint(f, x, use_reentrant=reentrant))(
+            block.forward)
+
+
+class Tokens(torch.utils.data.Dataset):
+    def __init__(self, rank):
+        self.data = torch.randint(0, 64, (64, 16), generator=torch.Generator().manual_seed(rank))
+
+    def __len__(self):
+        return len(self.data)
+
+    def __getitem__(self, i):
+        return self.data[i]
+
+
+def run(rank, world, pattern):
+    dist.init_process_group("gloo", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))
+    torch.manual_seed(1234)
+    core = TinyGPT(d_model=32)
+    model = wrap(core, pattern)
+    if pattern.startswith("checkpoint") and pattern != "checkpoint_save":
+        checkpointed(core, reentrant=pattern == "checkpoint_reentrant")
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    gen = torch.Generator().manual_seed(100 + rank)
+    batches = None
+    if pattern == "dataloader":
+        batches = iter(torch.utils.data.DataLoader(Tokens(rank), batch_size=4, num_workers=2))
+    for step in range(3):
+        idx = next(batches) if batches else torch.randint(0, 64, (4, 16), generator=gen)
+        target = torch.roll(idx, -1, dims=1)
+        if pattern == "ddp_no_sync" and step == 0:
+            with model.no_sync():
+                F.cross_entropy(model(idx).view(-1, 64), target.view(-1)).backward()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=pattern == "autocast"):
+            logits = model(idx)
+        loss = F.cross_entropy(logits.float().view(-1, 64), target.view(-1))
+        opt.zero_grad()
+        loss.backward()
+        if pattern == "grad_penalty":
+            emb = core.tok(idx)
+            grad, = torch.autograd.grad(emb.pow(2).sum(), emb, create_graph=True)
+            (grad.pow(2).mean() * 0.01).backward()
+        if pattern not in DDP:
+            for p in model.parameters():
+                dist.all_reduce(p.grad)
+                p.grad /= world
+        if pattern == "side_thread":
+            side = threading.Thread(target=lambda: (torch.ones(8, 8) @ torch.ones(8, 8)).sum())
+            side.start()
+            side.join()
+        if pattern == "clip":
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+        if pattern == "checkpoint_save":
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, io.BytesIO())
+        if pattern == "objects":
+            gathered = [None] * world
+            dist.all_gather_object(gathered, {"rank": rank, "loss": round(float(loss), 4)})
+            box = [step] if rank == 0 else [None]
+            dist.broadcast_object_list(box, src=0)
+        if pattern == "torchscript":
+            scripted = torch.jit.script(torch.nn.Sequential(torch.nn.Linear(64, 8),
+                                                            torch.nn.ReLU()))
+            scripted(logits.detach().view(-1, 64)).sum()
+        opt.step()
+        if pattern == "eval":
+            with torch.no_grad():
+                model.eval()
+                model(idx)
+                model.train()
+        if rank == 0:
+            print(f"step {step} loss {loss.item():.6f}", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2 or sys.argv[1] not in PATTERNS:
+        sys.exit(f"usage: train_patterns.py PATTERN ({', '.join(PATTERNS)})")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
+    mp.spawn(run, args=(2, sys.argv[1]), nprocs=2, join=True)
