@@ -1590,6 +1590,14 @@ void RegisterCollectiveOps() {
   (void)library;
 }
 
+// A per-thread region counter (replicated, unrecorded, callback regions).
+int EnterRegion(int ThreadState::*depth) { return ++(t_state.*depth); }
+int LeaveRegion(int ThreadState::*depth) {
+  int& n = t_state.*depth;
+  if (n > 0) --n;
+  return n;
+}
+
 }  // namespace
 }  // namespace opguard::torch_adapter
 
@@ -1669,43 +1677,37 @@ __attribute__((visibility("default"))) uint64_t opguard_torch_mark_step(void) {
   return g_step.load();
 }
 
-// opguard.replicated(): ops the calling thread records between Begin and End
-// are flagged OPGUARD_OP_REPLICATED. Regions nest; End without Begin is
-// ignored. Returns the thread's region depth after the call.
+// The regions below nest per thread: Begin returns the thread's depth after
+// entering, End (ignored without a Begin) the depth after leaving.
+
+// opguard.replicated(): ops the calling thread records in the region are
+// flagged OPGUARD_OP_REPLICATED.
 __attribute__((visibility("default"))) int opguard_torch_replicated_begin(void) {
-  return ++t_state.replicated_regions;
+  return EnterRegion(&ThreadState::replicated_regions);
 }
 __attribute__((visibility("default"))) int opguard_torch_replicated_end(void) {
-  ThreadState& ts = t_state;
-  if (ts.replicated_regions > 0) --ts.replicated_regions;
-  return ts.replicated_regions;
+  return LeaveRegion(&ThreadState::replicated_regions);
 }
 
 // The DataLoader's own work (fetching and collating batches, receiving them
 // from its workers in whatever order they arrive, pinning them) is not
-// recorded: the ops the calling thread runs between Begin and End are left
-// out (collectives excepted). A batch is fingerprinted where the training
-// code first uses it. Regions nest; End without Begin is ignored. Returns the
-// thread's region depth after the call.
+// recorded: the ops the calling thread runs in the region are left out
+// (collectives excepted). A batch is fingerprinted where the training code
+// first uses it.
 __attribute__((visibility("default"))) int opguard_torch_unrecorded_begin(void) {
-  return ++t_state.unrecorded_regions;
+  return EnterRegion(&ThreadState::unrecorded_regions);
 }
 __attribute__((visibility("default"))) int opguard_torch_unrecorded_end(void) {
-  ThreadState& ts = t_state;
-  if (ts.unrecorded_regions > 0) --ts.unrecorded_regions;
-  return ts.unrecorded_regions;
+  return LeaveRegion(&ThreadState::unrecorded_regions);
 }
 
-// A future callback the opguard package wrapped runs between Begin and End
-// on the calling thread: its ops go to kCallbackLane. Regions nest; End
-// without Begin is ignored. Returns the thread's region depth after the call.
+// A future callback the opguard package wrapped runs in the region on the
+// calling thread: its ops go to kCallbackLane.
 __attribute__((visibility("default"))) int opguard_torch_callback_begin(void) {
-  return ++t_state.callback_regions;
+  return EnterRegion(&ThreadState::callback_regions);
 }
 __attribute__((visibility("default"))) int opguard_torch_callback_end(void) {
-  ThreadState& ts = t_state;
-  if (ts.callback_regions > 0) --ts.callback_regions;
-  return ts.callback_regions;
+  return LeaveRegion(&ThreadState::callback_regions);
 }
 
 // The opguard package names a process group OpGuard has not seen before the
