@@ -2,14 +2,11 @@
 own on its worker threads while it executes them (it copies its flat
 buffer into the output tensors): the collective's internals, not the
 training's."""
-import os
-import sys
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from train_gpt import free_port
+from train_gpt import spawn_ranks
 
 
 def run(rank, world):
@@ -23,6 +20,4 @@ def run(rank, world):
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(free_port()))
-    mp.spawn(run, args=(2,), nprocs=2, join=True)
+    spawn_ranks(run, 2)

@@ -3,15 +3,12 @@ all-reduce late, so rank 0's first callback runs on gloo's thread when the
 work completes; the second future has completed before then() is called, so
 its callback runs at once on the training thread. Either way their ops
 belong in one callback lane, the same from run to run."""
-import os
-import sys
 import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from train_gpt import free_port
+from train_gpt import spawn_ranks
 
 
 def run(rank, world):
@@ -28,6 +25,4 @@ def run(rank, world):
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(free_port()))
-    mp.spawn(run, args=(2,), nprocs=2, join=True)
+    spawn_ranks(run, 2)

@@ -4,13 +4,11 @@ its gradient buckets; rank 1 leaves them alone. The outputs are large (64 MiB), 
 fingerprinting one takes about ten milliseconds: long enough for the write to
 land in the middle of a fingerprint taken by the future's callback, which
 torch runs only after it has woken the waiters."""
-import os
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from train_gpt import free_port
+from train_gpt import spawn_ranks
 
 ELEMENTS = 1 << 24  # 64 MiB of float32
 ROUNDS = 6
@@ -28,6 +26,4 @@ def run(rank, world):
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(free_port()))
-    mp.spawn(run, args=(2,), nprocs=2, join=True)
+    spawn_ranks(run, 2)

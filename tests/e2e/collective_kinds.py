@@ -11,9 +11,8 @@ import sys
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from train_gpt import free_port
+from train_gpt import spawn_ranks
 
 
 def dispatches(op):
@@ -79,6 +78,4 @@ def run(rank, world, out_dir):
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(free_port()))
-    mp.spawn(run, args=(2, sys.argv[1]), nprocs=2, join=True)
+    spawn_ranks(run, 2, sys.argv[1])

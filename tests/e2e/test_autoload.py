@@ -1,6 +1,5 @@
 """OPGUARD=1 records PyTorch programs with no code change, and only them."""
 import json
-import os
 import subprocess
 import tempfile
 import unittest

@@ -8,16 +8,14 @@ Launch: python3 train_patterns.py PATTERN (torch.multiprocessing.spawn).
 """
 import datetime
 import io
-import os
 import sys
 import threading
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from train_gpt import TinyGPT, free_port
+from train_gpt import TinyGPT, spawn_ranks
 
 PATTERNS = {
     "ddp_buckets": "DistributedDataParallel with several gradient buckets",
@@ -142,6 +140,4 @@ def run(rank, world, pattern):
 if __name__ == "__main__":
     if len(sys.argv) != 2 or sys.argv[1] not in PATTERNS:
         sys.exit(f"usage: train_patterns.py PATTERN ({', '.join(PATTERNS)})")
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(free_port()))
-    mp.spawn(run, args=(2, sys.argv[1]), nprocs=2, join=True)
+    spawn_ranks(run, 2, sys.argv[1])
