@@ -345,12 +345,13 @@ def _wrap_destroy():
 
 
 def _wrap_future_callbacks(adapter):
-    """Callbacks given to a torch Future (then, add_done_callback) run in a
-    callback region: their ops go to the adapter's callback lane, whichever
-    thread runs them. A DDP comm hook's `fut.then(decompress)` runs inline on
-    the autograd thread when the all-reduce has already completed, else later
-    on the backend's thread; per-thread lanes would put its ops in a
-    different lane from run to run."""
+    """Callbacks given to a torch Future (then, add_done_callback) record
+    their ops on a lane of their own, taken when they are registered,
+    whichever thread runs them. A DDP comm hook's `fut.then(decompress)` runs
+    inline on the autograd thread when the all-reduce has already completed,
+    else later on the backend's thread, and the buckets' callbacks finish in
+    any order: per-thread lanes, or one lane for them all, would order their
+    ops differently from run to run."""
     cls = getattr(torch._C, "Future", None)
     for name in ("then", "add_done_callback"):
         original = getattr(cls, name, None)
@@ -358,9 +359,11 @@ def _wrap_future_callbacks(adapter):
             continue
 
         def wrapper(self, callback, *args, _original=original, **kwargs):
+            lane = adapter.opguard_torch_callback_lane()
+
             @functools.wraps(callback)
             def in_region(future):
-                adapter.opguard_torch_callback_begin()
+                adapter.opguard_torch_callback_begin(lane)
                 try:
                     return callback(future)
                 finally:
@@ -385,6 +388,8 @@ def install(shim, adapter):
     adapter.opguard_torch_announce_group.restype = None
     adapter.opguard_torch_forget_groups.argtypes = [ctypes.c_uint64]
     adapter.opguard_torch_forget_groups.restype = None
+    adapter.opguard_torch_callback_lane.restype = ctypes.c_uint32
+    adapter.opguard_torch_callback_begin.argtypes = [ctypes.c_uint32]
     for kind in _KINDS:
         original = getattr(dist, kind, None)
         if original is None or hasattr(original, "__opguard_wrapped__"):

@@ -53,10 +53,15 @@ namespace {
 constexpr uint32_t kMainLane = 0;
 constexpr uint32_t kBackwardLane = 1;  // autograd worker threads (device backward)
 // Ops run inside future callbacks the opguard package wrapped (a DDP comm
-// hook's `fut.then(decompress)`): inline on the thread that calls then() or
-// later on the backend's thread, as timing has it; one lane for them all
-// keeps which lane holds them the same from run to run.
-constexpr uint32_t kCallbackLane = 4095;
+// hook's `fut.then(decompress)`) run inline on the thread that calls then()
+// or later on a backend's thread, and callbacks of different futures finish
+// in any order (DDP's buckets on gloo's two threads): neither the running
+// thread nor one shared lane is the same from run to run. Where then() is
+// called is: each callback's lane follows from the lane that registered it
+// and how many callbacks that lane registered before it in the step
+// (CallbackLane).
+constexpr uint32_t kFirstCallbackLane = 3072;
+constexpr uint32_t kCallbackLanes = 1024;  // lanes 3072..4095; threads get 2..3071
 
 std::atomic<bool> g_recording{false};
 std::atomic<bool> g_registered{false};
@@ -367,7 +372,9 @@ struct ThreadState {
   int optimizer_steps = 0;     // Optimizer.step scopes currently open
   int replicated_regions = 0;  // opguard.replicated() regions currently open
   int unrecorded_regions = 0;  // DataLoader work on this thread (opguard/_data.py)
-  int callback_regions = 0;    // future callbacks running on this thread
+  // Lanes of the future callbacks running on this thread, innermost last (a
+  // callback can run inline inside another one's then()).
+  c10::SmallVector<uint32_t, 2> callback_lanes;
   // Communicator the opguard package announced for the next process group
   // this thread uses that OpGuard does not know yet (0: none).
   uint64_t announced_communicator = 0;
@@ -385,17 +392,46 @@ struct ThreadState {
 thread_local ThreadState t_state;
 
 uint32_t LaneOf(ThreadState& ts) {
-  if (ts.callback_regions > 0) return kCallbackLane;
+  if (!ts.callback_lanes.empty()) return ts.callback_lanes.back();
   if (ts.lane < 0) {
     if (std::this_thread::get_id() == g_main_thread) {
       ts.lane = kMainLane;
     } else if (ts.backward_nodes > 0) {
       ts.lane = kBackwardLane;
     } else {
-      ts.lane = g_next_lane.fetch_add(1);
+      // Past the thread lanes, late threads share the last one.
+      ts.lane = std::min(g_next_lane.fetch_add(1), kFirstCallbackLane - 1);
     }
   }
   return static_cast<uint32_t>(ts.lane);
+}
+
+// Callbacks registered so far in the step, per registering lane.
+struct CallbackCount {
+  uint64_t step = 0;
+  uint32_t count = 0;
+};
+std::mutex g_callback_counts_mu;
+std::unordered_map<uint32_t, CallbackCount> g_callback_counts;
+
+// The lane of the callback the calling thread registers now: the k-th
+// registered in this step by lane r runs on lane 3072 + (512 r + k) mod 1024,
+// so the training thread's and the autograd thread's first 512 callbacks of
+// a step each have a lane of their own, reused step after step (a step's
+// callbacks have run by the next one). Past that, or from other threads,
+// callbacks share lanes, which keeps their order only while the sharers do
+// not run at the same time.
+uint32_t CallbackLane() {
+  uint32_t registering = LaneOf(t_state);
+  uint64_t step = g_step.load(std::memory_order_relaxed);
+  uint32_t k;
+  {
+    std::lock_guard<std::mutex> lock(g_callback_counts_mu);
+    CallbackCount& c = g_callback_counts[registering];
+    if (c.step != step) c = CallbackCount{step, 0};
+    k = c.count++;
+  }
+  return kFirstCallbackLane + (registering * 512u + k) % kCallbackLanes;
 }
 
 uint64_t NowNs() {
@@ -879,7 +915,7 @@ std::unique_ptr<at::ObserverContext> OnFunctionStart(const at::RecordFunction& f
   // A backend's own ops while it runs a collective (gloo's all_gather copies
   // its flat buffer into the outputs on its worker thread) are the
   // collective's internals, shown by its Completed record.
-  if (ts.callback_regions == 0 && IsBackendThread(ts)) return nullptr;
+  if (ts.callback_lanes.empty() && IsBackendThread(ts)) return nullptr;
   bool in_backward = ts.backward_nodes > 0 && !ts.nodes.empty();
   if (depth != 0 && !g_all_depths.load(std::memory_order_relaxed)) return nullptr;
   if (ts.unrecorded_regions > 0) return nullptr;
@@ -1701,13 +1737,20 @@ __attribute__((visibility("default"))) int opguard_torch_unrecorded_end(void) {
   return LeaveRegion(&ThreadState::unrecorded_regions);
 }
 
-// A future callback the opguard package wrapped runs in the region on the
-// calling thread: its ops go to kCallbackLane.
-__attribute__((visibility("default"))) int opguard_torch_callback_begin(void) {
-  return EnterRegion(&ThreadState::callback_regions);
+// The opguard package wraps the callbacks given to a torch future: when one
+// is registered it takes its lane here (see CallbackLane), and it runs
+// between callback_begin(lane) and callback_end() on whichever thread runs
+// it, its ops going to that lane.
+__attribute__((visibility("default"))) uint32_t opguard_torch_callback_lane(void) {
+  return CallbackLane();
+}
+__attribute__((visibility("default"))) int opguard_torch_callback_begin(uint32_t lane) {
+  t_state.callback_lanes.push_back(lane);
+  return static_cast<int>(t_state.callback_lanes.size());
 }
 __attribute__((visibility("default"))) int opguard_torch_callback_end(void) {
-  return LeaveRegion(&ThreadState::callback_regions);
+  if (!t_state.callback_lanes.empty()) t_state.callback_lanes.pop_back();
+  return static_cast<int>(t_state.callback_lanes.size());
 }
 
 // The opguard package names a process group OpGuard has not seen before the

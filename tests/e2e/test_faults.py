@@ -341,19 +341,25 @@ class Collectives(harness.DaemonTestCase):
             self.assertNotIn(internal, names)
         self.assertEqual(names.count("aten::sum"), 6, names)
 
-    def test_future_callback_ops_share_one_lane_whichever_thread_runs_them(self):
+    def test_future_callback_ops_take_their_lane_from_registration(self):
         # Rank 0's first callback runs on gloo's thread, its second inline
         # on the training thread; per-thread lanes would split them (and
-        # number gloo's thread by first use). Both go to the callback lane.
+        # number gloo's thread by first use). The two Python futures complete
+        # in opposite orders on the two ranks: one lane for all callbacks
+        # would order their ops differently. The k-th callback the training
+        # thread registers in the step records on lane 3072 + k.
         self.run_job("collective_callbacks.py", "callbacks")
         script = os.path.join(harness.HERE, "collective_callbacks.py")
         for rank in (0, 1):
-            ops = self.lane0("callbacks", rank, lane=4095)
-            self.assertEqual([op["name"] for op in ops], ["aten::neg", "aten::sqrt"], ops)
-            self.assertEqual(ops[0]["site"]["line"], harness.line_of(script, ".neg()"))
+            lanes = {lane: [op["name"] for op in self.lane0("callbacks", rank, lane=lane)]
+                     for lane in range(3072, 3077)}
+            self.assertEqual(lanes, {3072: ["aten::neg"], 3073: ["aten::sqrt"],
+                                     3074: ["aten::exp"], 3075: ["aten::abs"], 3076: []})
+            neg, = self.lane0("callbacks", rank, lane=3072)
+            self.assertEqual(neg["site"]["line"], harness.line_of(script, ".neg()"))
             training = [op["name"] for op in self.lane0("callbacks", rank)]
-            self.assertNotIn("aten::neg", training)
-            self.assertNotIn("aten::sqrt", training)
+            for name in ("aten::neg", "aten::sqrt", "aten::exp", "aten::abs"):
+                self.assertNotIn(name, training)
             self.assertEqual(self.lane0("callbacks", rank, lane=2), [])
 
     def test_memory_filled_outside_ops_is_hashed_as_filled(self):
