@@ -22,7 +22,7 @@ PATTERNS = {
     "ddp_unused": "DDP with find_unused_parameters",
     "ddp_static_graph": "DDP with a static graph",
     "ddp_no_sync": "DDP accumulating one micro-batch under no_sync()",
-    "ddp_fp16_hook": "DDP with the fp16 compression comm hook (a Python future callback)",
+    "ddp_python_hook": "DDP with a Python comm hook (all-reduce, then a future callback)",
     "checkpoint": "activation checkpointing of the blocks (non-reentrant)",
     "checkpoint_reentrant": "activation checkpointing of the blocks (reentrant)",
     "autocast": "bfloat16 autocast on the CPU",
@@ -35,7 +35,7 @@ PATTERNS = {
     "grad_penalty": "a gradient penalty through autograd.grad(create_graph=True)",
     "torchscript": "a TorchScript module run each step",
 }
-DDP = ("ddp_buckets", "ddp_unused", "ddp_static_graph", "ddp_no_sync", "ddp_fp16_hook")
+DDP = ("ddp_buckets", "ddp_unused", "ddp_static_graph", "ddp_no_sync", "ddp_python_hook")
 
 
 def wrap(core, pattern):
@@ -44,19 +44,40 @@ def wrap(core, pattern):
     if pattern not in DDP:
         return core
     from torch.nn.parallel import DistributedDataParallel
-    if pattern != "ddp_fp16_hook":
-        # Small buckets: several all-reduces per backward, completing on
-        # gloo's threads while backward goes on (fp16_compress_hook hangs
-        # with several buckets on gloo in torch 1.13, OpGuard or not).
-        dist._DEFAULT_FIRST_BUCKET_BYTES = 4000
+    # Small buckets: several all-reduces per backward, completing on gloo's
+    # threads while backward goes on.
+    dist._DEFAULT_FIRST_BUCKET_BYTES = 4000
     model = DistributedDataParallel(core, bucket_cap_mb=0.01,
                                     find_unused_parameters=pattern == "ddp_unused")
     if pattern == "ddp_static_graph":
         model._set_static_graph()
-    if pattern == "ddp_fp16_hook":
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    if pattern == "ddp_python_hook":
+        model.register_comm_hook(dist.get_world_size(), averaging_hook)
     return model
+
+
+# Torch 1.13 deadlocks at exit when DDP's gloo group is destroyed (its
+# destructor joins gloo's threads holding the GIL) while a gloo thread waits
+# for the GIL: to free a tensor made in Python that a work held last, or the
+# Python callback it has just run. A third of the runs of torch's own
+# fp16_compress_hook hung so, OpGuard or not. The hook's tensors are kept
+# until the process exits, and the ranks meet before teardown (see run).
+_communicated = []
+
+
+def averaging_hook(world, bucket):
+    """Shaped like torch's fp16_compress_hook (all-reduce a copy of the
+    bucket, copy the result back in a callback), in the bucket's dtype:
+    gloo in torch 2.x cannot all-reduce float16."""
+    tensor = bucket.buffer() / world
+    _communicated.append(tensor)
+
+    def copy_back(fut):
+        buffer = bucket.buffer()
+        buffer.copy_(fut.value()[0])
+        return buffer
+
+    return dist.all_reduce(tensor, async_op=True).get_future().then(copy_back)
 
 
 def checkpointed(core, reentrant):
@@ -134,6 +155,7 @@ def run(rank, world, pattern):
                 model.train()
         if rank == 0:
             print(f"step {step} loss {loss.item():.6f}", flush=True)
+    dist.barrier()  # gloo's threads take the GIL while this rank waits (see _communicated)
     dist.destroy_process_group()
 
 
