@@ -22,6 +22,7 @@ import ctypes
 import functools
 import inspect
 import os
+import threading
 
 import torch
 import torch.distributed as dist
@@ -123,18 +124,35 @@ def _split(kind, a):
 
 
 class _CompletingWork:
-    """Wraps an async collective's Work: records Completed after wait()."""
+    """Wraps an async collective's Work: records Completed once, when wait()
+    returns or when the work's future completes, whichever comes first."""
 
     def __init__(self, work, complete):
         self._work = work
         self._complete = complete
+        self._lock = threading.Lock()
+
+    def _finish(self):
+        with self._lock:
+            complete, self._complete = self._complete, None
+        if complete is not None:
+            complete()
 
     def wait(self, *args, **kwargs):
         result = self._work.wait(*args, **kwargs)
-        complete, self._complete = self._complete, None
-        if complete is not None:
-            complete()
+        self._finish()
         return result
+
+    def get_future(self):
+        """The work's future, chained so that it completes only after the
+        Completed record is taken: what waits on it, or runs a callback on
+        it, sees the outputs recorded first. A failed work records nothing."""
+        def completed(future):
+            value = future.value()
+            self._finish()
+            return value
+
+        return self._work.get_future().then(completed)
 
     def __getattr__(self, name):
         return getattr(self._work, name)

@@ -300,6 +300,18 @@ class Collectives(harness.DaemonTestCase):
         self.run_job("collective_future_wait.py", "future-wait")
         self.assert_completed("future-wait", {"world": [(0, 5, 5), (1, 5, 5)]})
 
+    def test_async_collectives_waited_through_their_futures_are_completed(self):
+        # Whichever path records all_to_all_single (torch 1.13: the opguard
+        # package's Python wrapper), waiting through the work's future, or a
+        # callback chained to it, must leave a Completed record, taken
+        # before the op that reads the output.
+        out = self.run_job("collective_wrapped_future.py", "wrapped-future")
+        self.assert_completed("wrapped-future", {"world": [(0, 1, 1), (1, 1, 1)]})
+        for rank in (0, 1):
+            final = self.fingerprint(os.path.join(out, f"final-{rank}.bin"))
+            neg, = [op for op in self.lane0("wrapped-future", rank) if op["name"] == "aten::neg"]
+            self.assertEqual(neg["inputs"][0]["tensor"]["fingerprint"], final)
+
     def test_destroyed_process_groups_are_destroyed(self):
         # OpGuard learns both groups from their collectives and must not keep
         # them alive: a group outliving destroy_process_group keeps its
