@@ -57,9 +57,9 @@ constexpr uint32_t kBackwardLane = 1;  // autograd worker threads (device backwa
 // or later on a backend's thread, and callbacks of different futures finish
 // in any order (DDP's buckets on gloo's two threads): neither the running
 // thread nor one shared lane is the same from run to run. Where then() is
-// called is: each callback's lane follows from the lane that registered it
-// and how many callbacks that lane registered before it in the step
-// (CallbackLane).
+// called is the same: each callback's lane follows from the lane that
+// registered it and how many callbacks that lane registered before it in the
+// step (CallbackLane).
 constexpr uint32_t kFirstCallbackLane = 3072;
 constexpr uint32_t kCallbackLanes = 1024;  // lanes 3072..4095; threads get 2..3071
 

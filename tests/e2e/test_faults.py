@@ -306,7 +306,8 @@ class Collectives(harness.DaemonTestCase):
         # callback chained to it, must leave a Completed record, taken
         # before the op that reads the output.
         out = self.run_job("collective_wrapped_future.py", "wrapped-future")
-        self.assert_completed("wrapped-future", {"world": [(0, 1, 1), (1, 1, 1)]})
+        self.assert_completed("wrapped-future", {"world": [(0, 0, 0), (1, 0, 0)],
+                                                 "pg0,1": [(0, 0, 0), (1, 0, 0)]})
         for rank in (0, 1):
             final = self.fingerprint(os.path.join(out, f"final-{rank}.bin"))
             neg, = [op for op in self.lane0("wrapped-future", rank) if op["name"] == "aten::neg"]
