@@ -50,7 +50,6 @@ def free_port():
         return s.getsockname()[1]
 
 
-
 def spawn_ranks(fn, world, *args):
     """Runs fn(rank, world, *args) on `world` ranks started with
     torch.multiprocessing.spawn, meeting on a free loopback port."""
@@ -58,6 +57,7 @@ def spawn_ranks(fn, world, *args):
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(free_port()))
     mp.spawn(fn, args=(world, *args), nprocs=world, join=True)
+
 
 class Attention(nn.Module):
     def __init__(self, d_model, heads, fault):
