@@ -69,25 +69,37 @@ echo "   torch $TORCH_VERSION (C++11 ABI $TORCH_ABI), libraries in $TORCH_LIBDIR
 # NDEBUG as in the CMake build (shim/torch/CMakeLists.txt: torch's class layouts).
 FLAGS=(-std=c++20 -O2 -DNDEBUG -fPIC -Wall -Wextra -Wno-missing-field-initializers
        -fvisibility=hidden -fvisibility-inlines-hidden -D_GLIBCXX_USE_CXX11_ABI="$TORCH_ABI"
-       -I"$ROOT/shim/include" -I"$ROOT/shim/torch" -isystem "$PYTHON_INCLUDE")
+       -I"$ROOT/shim/include" -I"$ROOT/shim/torch" -I"$ROOT/shim/torch/include"
+       -isystem "$PYTHON_INCLUDE")
 for dir in "${TORCH_INCLUDES[@]}"; do FLAGS+=(-isystem "$dir"); done
 
+# Every source of the library (shim/torch/*.cc but the tests), $(nproc) at a time.
 start=$SECONDS
-pids=()
-for src in adapter python_frames; do
-  "$CXX" "${FLAGS[@]}" -c "$ROOT/shim/torch/$src.cc" -o "$BUILD/$src.o" 2> "$BUILD/$src.log" &
-  pids+=($!)
+sources=()
+for path in "$ROOT"/shim/torch/*.cc; do
+  [[ $path == *_test.cc ]] || sources+=("$(basename "$path" .cc)")
 done
 built=0
+pids=()
+for src in "${sources[@]}"; do
+  "$CXX" "${FLAGS[@]}" -c "$ROOT/shim/torch/$src.cc" -o "$BUILD/$src.o" 2> "$BUILD/$src.log" &
+  pids+=($!)
+  if ((${#pids[@]} >= $(nproc))); then
+    wait "${pids[0]}" || built=1
+    pids=("${pids[@]:1}")
+  fi
+done
 for pid in "${pids[@]}"; do wait "$pid" || built=1; done
-cat "$BUILD"/adapter.log "$BUILD"/python_frames.log
+for src in "${sources[@]}"; do cat "$BUILD/$src.log"; done
 if ((built != 0)); then
   echo "torch-build-check: compiling against torch $TORCH_VERSION failed" >&2
   exit 2
 fi
 # As CMake links it: torch's libraries, no libpython (the interpreter that
 # loads the adapter provides Python's symbols), no libopguard_shim here.
-"$CXX" -shared -o "$BUILD/libopguard_torch.so" "$BUILD/adapter.o" "$BUILD/python_frames.o" \
+objects=()
+for src in "${sources[@]}"; do objects+=("$BUILD/$src.o"); done
+"$CXX" -shared -o "$BUILD/libopguard_torch.so" "${objects[@]}" \
   -L"$TORCH_LIBDIR" -Wl,-rpath,"$TORCH_LIBDIR" -ltorch -ltorch_cpu -lc10
 echo "   built in $((SECONDS - start)) s, $(cat "$BUILD"/*.log | grep -c 'warning:' || true) warning(s)"
 

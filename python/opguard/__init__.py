@@ -21,9 +21,10 @@ import os
 import sys
 import threading
 
+from . import _native
+
 __all__ = ["enable", "enabled", "mark_step", "replicated", "paused", "counters"]
 
-_LIB_DIR = os.environ.get("OPGUARD_LIBDIR") or os.path.join(os.path.dirname(__file__), "lib")
 _state = {"shim": None, "torch": None, "enabled": False, "pending_rank": False}
 _pause_lock = threading.Lock()
 _pause_depth = [0]
@@ -35,23 +36,7 @@ def _warn(message):
 
 def _load():
     if _state["torch"] is None:
-        shim = ctypes.CDLL(os.path.join(_LIB_DIR, "libopguard_shim.so"), mode=ctypes.RTLD_GLOBAL)
-        adapter = ctypes.CDLL(os.path.join(_LIB_DIR, "libopguard_torch.so"))
-        shim.opguard_set_run_info.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p]
-        shim.opguard_init.restype = ctypes.c_int
-        shim.opguard_enabled.restype = ctypes.c_int
-        shim.opguard_rank.restype = ctypes.c_uint32
-        adapter.opguard_torch_enable.argtypes = [ctypes.c_int, ctypes.c_char_p]
-        adapter.opguard_torch_enable.restype = ctypes.c_int
-        adapter.opguard_torch_mark_step.restype = ctypes.c_uint64
-        adapter.opguard_torch_step.restype = ctypes.c_uint64
-        adapter.opguard_torch_lane.restype = ctypes.c_uint32
-        adapter.opguard_torch_replicated_begin.restype = ctypes.c_int
-        adapter.opguard_torch_replicated_end.restype = ctypes.c_int
-        adapter.opguard_torch_pause.argtypes = [ctypes.c_int]
-        adapter.opguard_torch_pause.restype = ctypes.c_int
-        adapter.opguard_torch_recording.restype = ctypes.c_int
-        _state["shim"], _state["torch"] = shim, adapter
+        _state["shim"], _state["torch"] = _native.load()
     return _state["shim"], _state["torch"]
 
 
@@ -183,23 +168,14 @@ def paused():
                     adapter.opguard_torch_pause(0)
 
 
-class _Counters(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_uint32), ("enabled", ctypes.c_uint32)] + [
-        (name, ctypes.c_uint64) for name in (
-            "records_enqueued", "records_dropped", "records_invalid", "records_sent",
-            "records_acked", "records_rejected", "batches_sent", "batches_acked",
-            "batches_resent", "batches_rejected", "gaps_reported", "ops_missing", "bytes_sent",
-            "buffered_bytes", "pending_batches")]
-
-
 def counters():
     """The shim's counters as a dict (all zero when not recording)."""
     if _state["shim"] is None:
         return {}
-    c = _Counters()
-    c.struct_size = ctypes.sizeof(_Counters)
+    c = _native.Counters()
+    c.struct_size = ctypes.sizeof(_native.Counters)
     _state["shim"].opguard_get_counters(ctypes.byref(c))
-    return {name: getattr(c, name) for name, _ in _Counters._fields_[1:]}
+    return {name: getattr(c, name) for name, _ in _native.Counters._fields_[1:]}
 
 
 def _autoload_enable():

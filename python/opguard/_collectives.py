@@ -1,7 +1,7 @@
 """torch.distributed collectives as OpGuard collective records.
 
 Most collectives reach c10d's dispatcher ops (c10d::allreduce_, ...), and
-the adapter records them there, in C++ (shim/torch/adapter.cc): an Entered
+the adapter records them there, in C++ (shim/torch/collectives.cc): an Entered
 record (inputs fingerprinted at launch) and, once the work has completed, a
 Completed record with the output fingerprints. That covers the collectives
 DDP's reducer issues from C++ as well. What this module adds:
@@ -27,37 +27,17 @@ import threading
 import torch
 import torch.distributed as dist
 
-_KINDS = {  # OPGUARD_COLL_*
-    "all_reduce": 1, "broadcast": 2, "reduce": 3, "all_gather": 4, "all_gather_into_tensor": 4,
-    "_all_gather_base": 4, "reduce_scatter": 5, "reduce_scatter_tensor": 5, "all_to_all": 6,
-    "all_to_all_single": 6, "send": 7, "recv": 8, "barrier": 9, "gather": 10, "scatter": 11,
-}
+from . import _native
+
+# The torch.distributed functions this module can record itself where they do
+# not reach c10d's dispatcher (torch 1.13's all_gather_into_tensor and
+# friends): the ones _split knows the arguments of. Their kinds and c10d ops
+# come from the adapter's table (_native.collectives).
+_RECORDED_HERE = frozenset((
+    "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
+    "_all_gather_base", "reduce_scatter", "reduce_scatter_tensor", "all_to_all",
+    "all_to_all_single", "send", "recv", "barrier", "gather", "scatter"))
 _REDUCE = {"SUM": 0, "PRODUCT": 1, "MAX": 2, "MIN": 3, "AVG": 4}
-
-
-class _Communicator(ctypes.Structure):  # opguard_communicator
-    _fields_ = [("struct_size", ctypes.c_uint32), ("size", ctypes.c_uint32),
-                ("id", ctypes.c_uint64), ("name", ctypes.c_char_p),
-                ("ranks", ctypes.POINTER(ctypes.c_uint32))]
-
-
-# torch.distributed function -> the c10d dispatcher op it calls.
-_DISPATCHED = {
-    "all_reduce": "allreduce_", "broadcast": "broadcast_", "reduce": "reduce_",
-    "all_gather": "allgather_", "all_gather_into_tensor": "_allgather_base_",
-    "_all_gather_base": "_allgather_base_", "reduce_scatter": "reduce_scatter_",
-    "reduce_scatter_tensor": "_reduce_scatter_base_", "all_to_all": "alltoall_",
-    "all_to_all_single": "alltoall_base_", "send": "send", "recv": "recv_",
-    "barrier": "barrier", "gather": "gather_", "scatter": "scatter_",
-}
-
-# torch.distributed functions that reach a c10d dispatcher op only in torch
-# 2.x, where the adapter records them; a subgroup they take is announced.
-# Torch 1.13's do not dispatch and are not recorded.
-_DISPATCHED_ONLY = {
-    "all_reduce_coalesced": "allreduce_coalesced_", "all_gather_coalesced": "allgather_coalesced_",
-    "monitored_barrier": "monitored_barrier_",
-}
 
 _state = {"shim": None, "adapter": None, "installed": False, "comms": {}, "names": {},
           "reduce_ops": {}, "ops": None, "announced": {}}
@@ -74,7 +54,8 @@ def _communicator(group):
         ranks = list(range(dist.get_world_size(group)))
     name = "world" if group is dist.group.WORLD or group is None else "pg" + ",".join(map(str, ranks))
     members = (ctypes.c_uint32 * len(ranks))(*ranks)
-    comm = _Communicator(ctypes.sizeof(_Communicator), len(ranks), 0, name.encode(), members)
+    comm = _native.Communicator(ctypes.sizeof(_native.Communicator), len(ranks), 0, name.encode(),
+                                members)
     comm_id = _as_int64(_state["shim"].opguard_communicator_define(ctypes.byref(comm)))
     _state["comms"][key] = comm_id
     return comm_id
@@ -221,9 +202,8 @@ def _binder(original):
     return bind
 
 
-def _wrap(kind, original):
+def _wrap(kind, code, original):
     bind = _binder(original)
-    code = _KINDS[kind]
     names = []  # interned "c10d::<kind> [enter]" and "c10d::<kind>", on first use
 
     @functools.wraps(original)
@@ -399,29 +379,14 @@ def install(shim, adapter):
     if _state["installed"]:
         return
     _state["shim"], _state["adapter"] = shim, adapter
-    shim.opguard_intern.restype = ctypes.c_uint64
-    shim.opguard_intern.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
-    shim.opguard_communicator_define.restype = ctypes.c_uint64
-    adapter.opguard_torch_announce_group.argtypes = [ctypes.c_uint64]
-    adapter.opguard_torch_announce_group.restype = None
-    adapter.opguard_torch_forget_groups.argtypes = [ctypes.c_uint64]
-    adapter.opguard_torch_forget_groups.restype = None
-    adapter.opguard_torch_callback_lane.restype = ctypes.c_uint32
-    adapter.opguard_torch_callback_begin.argtypes = [ctypes.c_uint32]
-    for kind in _KINDS:
-        original = getattr(dist, kind, None)
-        if original is None or hasattr(original, "__opguard_wrapped__"):
-            continue
-        if _dispatched(_DISPATCHED[kind]):
-            setattr(dist, kind, _announcing(original, "group"))
-        else:
-            setattr(dist, kind, _wrap(kind, original))
-    for kind, op in _DISPATCHED_ONLY.items():
+    for kind, (code, op) in _native.collectives(adapter).items():
         original = getattr(dist, kind, None)
         if original is None or hasattr(original, "__opguard_wrapped__"):
             continue
         if _dispatched(op):
             setattr(dist, kind, _announcing(original, "group"))
+        elif kind in _RECORDED_HERE:
+            setattr(dist, kind, _wrap(kind, code, original))
     _wrap_ddp()
     _wrap_destroy()
     _wrap_future_callbacks(adapter)

@@ -1,5 +1,5 @@
 // Every difference between the torch versions the adapter builds against
-// (Debian's 1.13 and current 2.x) lives here, so adapter.cc reads the same on
+// (Debian's 1.13 and current 2.x) lives here, so the adapter reads the same on
 // both.
 #pragma once
 

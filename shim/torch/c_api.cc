@@ -1,0 +1,144 @@
+// The exported C surface of libopguard_torch.so (opguard/torch.h): thin
+// entry points over the op observer, the collectives and the per-thread
+// regions. None lets an exception out.
+#include "opguard/torch.h"
+
+#include <pthread.h>
+
+#include <array>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "adapter_state.h"
+#include "collective_kinds.h"
+#include "collectives.h"
+#include "op_observer.h"
+#include "opguard/shim.h"
+#include "python_frames.h"
+#include "thread_state.h"
+
+using namespace opguard::torch_adapter;
+
+namespace {
+
+// The registered callbacks (see AddObserverCallbacks); zero while paused.
+std::array<at::CallbackHandle, 2> g_handles{};
+// Serialises registering and unregistering them (opguard.paused() may be
+// used from several threads).
+std::mutex g_callback_mu;
+
+// A per-thread region counter (replicated, unrecorded).
+int EnterRegion(int ThreadState::*depth) { return ++(ThisThread().*depth); }
+int LeaveRegion(int ThreadState::*depth) {
+  int& n = ThisThread().*depth;
+  if (n > 0) --n;
+  return n;
+}
+
+}  // namespace
+
+extern "C" {
+
+int opguard_torch_enable(int all_depths, const char* skip_prefixes) {
+  try {
+    if (opguard_init() != 1) return 0;
+    std::vector<std::string> prefixes;
+    std::stringstream stream(skip_prefixes ? skip_prefixes : "");
+    for (std::string item; std::getline(stream, item, ':');) {
+      if (!item.empty()) prefixes.push_back(item);
+    }
+    SetSkippedPathPrefixes(std::move(prefixes));
+    g_adapter.all_depths.store(all_depths != 0);
+    if (!g_adapter.registered.load()) {
+      RegisterCollectiveOps();
+      // A forked child (a DataLoader worker) records nothing: the shim turns
+      // itself off there, and the callbacks must not go on hashing every op
+      // for records that go nowhere.
+      pthread_atfork(nullptr, nullptr, [] { g_adapter.recording.store(false); });
+      g_adapter.registered.store(true);
+      g_adapter.main_thread = std::this_thread::get_id();
+      g_adapter.foreign_global_observer = at::hasGlobalCallbacks();
+      std::lock_guard<std::mutex> lock(g_callback_mu);
+      g_handles = AddObserverCallbacks();
+    }
+    g_adapter.skip_nested.store(all_depths == 0 && !g_adapter.foreign_global_observer &&
+                                !KeepNestedOps());
+    g_adapter.recording.store(true);
+    return 1;
+  } catch (const std::exception& e) {
+    DisableOnce(e.what());
+    return 0;
+  }
+}
+
+int opguard_torch_pause(int paused) {
+  try {
+    std::lock_guard<std::mutex> lock(g_callback_mu);
+    if (!g_adapter.registered.load()) return 0;
+    if (paused != 0 && g_handles[0] != 0) {
+      for (at::CallbackHandle& handle : g_handles) at::removeCallback(std::exchange(handle, 0));
+    } else if (paused == 0 && g_handles[0] == 0) {
+      g_handles = AddObserverCallbacks();
+    }
+    g_adapter.paused.store(paused != 0);
+    return 1;
+  } catch (const std::exception& e) {
+    DisableOnce(e.what());
+    return 0;
+  }
+}
+
+int opguard_torch_recording(void) { return g_adapter.recording.load() ? 1 : 0; }
+
+void opguard_torch_disable(void) { g_adapter.recording.store(false); }
+
+uint64_t opguard_torch_mark_step(void) {
+  if (g_adapter.recording.load()) MarkStep(ThisThread());
+  return g_adapter.step.load();
+}
+
+int opguard_torch_replicated_begin(void) { return EnterRegion(&ThreadState::replicated_regions); }
+int opguard_torch_replicated_end(void) { return LeaveRegion(&ThreadState::replicated_regions); }
+int opguard_torch_unrecorded_begin(void) { return EnterRegion(&ThreadState::unrecorded_regions); }
+int opguard_torch_unrecorded_end(void) { return LeaveRegion(&ThreadState::unrecorded_regions); }
+
+uint32_t opguard_torch_callback_lane(void) { return CallbackLane(); }
+int opguard_torch_callback_begin(uint32_t lane) {
+  ThisThread().callback_lanes.push_back(lane);
+  return static_cast<int>(ThisThread().callback_lanes.size());
+}
+int opguard_torch_callback_end(void) {
+  auto& lanes = ThisThread().callback_lanes;
+  if (!lanes.empty()) lanes.pop_back();
+  return static_cast<int>(lanes.size());
+}
+
+void opguard_torch_announce_group(uint64_t communicator) {
+  ThisThread().announced_communicator = communicator;
+}
+
+void opguard_torch_forget_groups(uint64_t communicator) { ForgetGroups(communicator); }
+
+uint64_t opguard_torch_step(void) { return g_adapter.step.load(); }
+uint32_t opguard_torch_lane(void) { return LaneOf(ThisThread()); }
+
+const char* opguard_torch_collective_function(uint32_t index) {
+  size_t count = 0;
+  const CollectiveKind* kinds = CollectiveKinds(&count);
+  return index < count ? kinds[index].function : nullptr;
+}
+
+int opguard_torch_collective_kind(const char* function) {
+  const CollectiveKind* kind = function != nullptr ? CollectiveKindOfFunction(function) : nullptr;
+  return kind != nullptr ? kind->kind : 0;
+}
+
+const char* opguard_torch_collective_op(const char* function) {
+  const CollectiveKind* kind = function != nullptr ? CollectiveKindOfFunction(function) : nullptr;
+  return kind != nullptr ? kind->op : nullptr;
+}
+
+}  // extern "C"

@@ -1,0 +1,478 @@
+#include "op_observer.h"
+
+#include <dlfcn.h>
+#include <execinfo.h>
+#include <link.h>  // ElfW, for dladdr1's symbol entry
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "adapter_state.h"
+#include "collectives.h"
+#include "op_record.h"
+#include "opguard/shim.h"
+#include "python_frames.h"
+#include "tensor_fingerprint.h"
+#include "torch_compat.h"
+
+namespace opguard::torch_adapter {
+namespace {
+
+// Maps autograd sequence numbers to the forward op that created the nodes, so
+// backward ops carry the forward op's call site. Ranges are kept sorted by
+// their first sequence number in a flat vector (a thread's sequence numbers
+// only grow, so Add appends); the oldest half is dropped to bound memory.
+class ForwardSites {
+ public:
+  struct Entry {
+    int64_t begin;
+    int64_t end;  // exclusive
+    uint64_t site;
+  };
+  void Add(int64_t begin, int64_t end, uint64_t site) {
+    if (end <= begin || site == 0) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (entries_.empty() || begin > entries_.back().begin) {
+      entries_.push_back(Entry{begin, end, site});
+    } else {
+      auto it = std::lower_bound(entries_.begin(), entries_.end(), begin,
+                                 [](const Entry& e, int64_t b) { return e.begin < b; });
+      if (it != entries_.end() && it->begin == begin) {
+        *it = Entry{begin, end, site};
+      } else {
+        entries_.insert(it, Entry{begin, end, site});
+      }
+    }
+    if (entries_.size() > 1u << 20) entries_.erase(entries_.begin(), entries_.begin() + (1 << 19));
+  }
+  uint64_t Lookup(int64_t seq) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = std::upper_bound(entries_.begin(), entries_.end(), seq,
+                               [](int64_t s, const Entry& e) { return s < e.begin; });
+    if (it == entries_.begin()) return 0;
+    --it;
+    return seq < it->end ? it->site : 0;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<Entry> entries_;
+};
+ForwardSites* g_forward_sites = new ForwardSites();
+
+// Blocks of OpContext size kept per thread, so that recording an op does not
+// go to malloc for its context (a few KiB of inline storage). A context freed
+// on another thread, or after its thread's pool is gone, goes to that
+// thread's pool or back to the heap.
+struct ContextPool {
+  static constexpr int kMax = 32;
+  void* blocks[kMax];
+  int count = 0;
+  ~ContextPool();
+};
+thread_local bool t_pool_gone = false;  // trivially destructible: safe after ~ContextPool
+thread_local ContextPool t_pool;
+ContextPool::~ContextPool() {
+  t_pool_gone = true;
+  while (count > 0) ::operator delete(blocks[--count]);
+}
+
+}  // namespace
+
+void* OpContext::operator new(size_t size) {
+  if (size == sizeof(OpContext) && !t_pool_gone && t_pool.count > 0) {
+    return t_pool.blocks[--t_pool.count];
+  }
+  return ::operator new(size);
+}
+
+void OpContext::operator delete(void* p, size_t size) {
+  if (size == sizeof(OpContext) && !t_pool_gone && t_pool.count < ContextPool::kMax) {
+    t_pool.blocks[t_pool.count++] = p;
+    return;
+  }
+  ::operator delete(p);
+}
+
+namespace {
+
+// Inputs of replicated ops are hashed from their bytes, never taken from the
+// cache: what replicas compare must show memory that changed behind torch's
+// back (a bit flipped in one replica's reduced gradient between the
+// all-reduce and the optimizer: the op read corrupted inputs, it did not
+// compute wrongly). The cache assumes bytes change only with the version.
+void CollectInputs(const at::RecordFunction& fn, OpContext& ctx, ThreadState& ts) {
+  auto inputs = fn.inputs();
+  ctx.inputs.reserve(inputs.size());
+  for (const c10::IValue& v : inputs) {
+    opguard_value value;
+    std::memset(&value, 0, sizeof(value));
+    if (v.isTensor()) {
+      const at::Tensor& t = v.toTensor();
+      if (t.defined()) {
+        ctx.input_impls.push_back(t.unsafeGetTensorImpl());
+        Shapes::At shape;
+        if (!FingerprintTensor(t, ts, ctx.shapes, &value.tensor, &shape, !ctx.replicated)) {
+          ctx.unfingerprintable = true;
+        }
+        value.kind = OPGUARD_VALUE_TENSOR;
+        ctx.AddTensorInput(value, shape);
+        continue;
+      }
+    } else if (v.isTensorList()) {
+      const c10::List<at::Tensor> list = v.toTensorList();
+      const uint32_t first = ctx.list_tensors.size();
+      for (size_t i = 0; i < list.size(); ++i) {
+        const at::Tensor t = list.get(i);
+        opguard_tensor tensor;
+        Shapes::At shape;
+        if (!FingerprintTensor(t, ts, ctx.shapes, &tensor, &shape, !ctx.replicated)) {
+          ctx.unfingerprintable = true;
+        }
+        ctx.list_tensors.Add(tensor, shape);
+      }
+      value.kind = OPGUARD_VALUE_TENSOR_LIST;
+      value.num_tensors = static_cast<uint32_t>(list.size());
+      ctx.AddListInput(value, first);
+      continue;
+    }
+    ScalarValue(v, &value);  // others (None, int lists, strings): recorded as None
+    ctx.AddOtherInput(value);
+  }
+}
+
+// Tracks uninitialised memory through one output: allocations add it, writes
+// (the output is one of the op's own input tensors) clear it, anything else
+// that returns a view of it is itself uninitialised.
+void TrackUninitialised(bool allocates, const at::Tensor& t, OpContext& ctx, ThreadState& ts) {
+  if (allocates) {
+    ts.uninitialised.Add(t);
+    ctx.uninitialised_output = true;
+  } else if (ts.uninitialised.Contains(t)) {
+    const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+    bool written = std::find(ctx.input_impls.begin(), ctx.input_impls.end(), impl) !=
+                   ctx.input_impls.end();
+    if (written) {
+      ts.uninitialised.Remove(t);
+    } else {
+      ctx.uninitialised_output = true;
+    }
+  }
+}
+
+bool CollectOutput(const at::Tensor& t, OpContext& ctx, ThreadState& ts) {
+  opguard_tensor out;
+  Shapes::At shape;
+  if (!FingerprintTensor(t, ts, ctx.shapes, &out, &shape)) return false;
+  ctx.outputs.Add(out, shape);
+  return true;
+}
+
+bool CollectOutputs(const at::RecordFunction& fn, OpContext& ctx, ThreadState& ts) {
+  const bool allocates = HasUninitialisedOutput(fn.name());
+  for (const c10::IValue& v : fn.outputs()) {
+    if (v.isTensor()) {
+      const at::Tensor& t = v.toTensor();
+      if (!t.defined()) continue;
+      TrackUninitialised(allocates, t, ctx, ts);
+      if (!CollectOutput(t, ctx, ts)) return false;
+    } else if (v.isTensorList()) {
+      const c10::List<at::Tensor> list = v.toTensorList();
+      for (size_t i = 0; i < list.size(); ++i) {
+        const at::Tensor t = list.get(i);
+        TrackUninitialised(allocates, t, ctx, ts);
+        if (!CollectOutput(t, ctx, ts)) return false;
+      }
+    }
+  }
+  return true;
+}
+
+NodeName NodeNameOf(const char* name) {
+  static constexpr std::string_view kPrefix = "autograd::engine::evaluate_function: ";
+  std::string_view view(name);
+  if (view.substr(0, kPrefix.size()) == kPrefix) view.remove_prefix(kPrefix.size());
+  return NodeName{view, std::hash<std::string_view>()(view)};
+}
+
+
+// The autograd engine wraps each node it runs in a FUNCTION-scope range
+// "autograd::engine::evaluate_function: <Node>" (the node itself follows as a
+// BACKWARD_FUNCTION range). It is not an op: it is transparent for depth, so
+// the aten ops the node runs are top-level backward ops.
+bool IsEngineWrapper(const at::RecordFunction& fn) {
+  return std::strncmp(fn.name(), "autograd::engine::evaluate_function: ", 37) == 0;
+}
+
+// The address ranges of the c10d backends' work loops (gloo's worker
+// threads, MPI's), from the exported symbols of the torch in the process.
+struct CodeRange {
+  uintptr_t begin = 0, end = 0;
+};
+const std::vector<CodeRange>& BackendLoops() {
+  static const std::vector<CodeRange> ranges = [] {
+    std::vector<CodeRange> found;
+    for (const char* name : {"_ZN4c10d16ProcessGroupGloo7runLoopEi",
+                             "_ZN4c10d15ProcessGroupMPI7runLoopEv"}) {
+      void* start = dlsym(RTLD_DEFAULT, name);
+      Dl_info info;
+      void* entry = nullptr;  // the symbol's ElfW(Sym)
+      if (start == nullptr || dladdr1(start, &info, &entry, RTLD_DL_SYMENT) == 0) continue;
+      const auto* sym = static_cast<const ElfW(Sym)*>(entry);
+      if (sym != nullptr && sym->st_size > 0) {
+        const auto begin = reinterpret_cast<uintptr_t>(start);
+        found.push_back(CodeRange{begin, begin + sym->st_size});
+      }
+    }
+    return found;
+  }();
+  return ranges;
+}
+
+// Whether this thread is a c10d backend's worker (a frame of its stack lies
+// in a work loop): gloo's two workers take collectives in turn, so the lanes
+// their ops would get, and what each lane holds, change from run to run.
+// Decided once per thread, from its stack at its first op.
+bool IsBackendThread(ThreadState& ts) {
+  if (ts.backend_thread < 0) {
+    ts.backend_thread = 0;
+    if (std::this_thread::get_id() != g_adapter.main_thread && !BackendLoops().empty()) {
+      void* frames[96];
+      const int n = backtrace(frames, 96);
+      for (int i = 0; i < n && ts.backend_thread == 0; ++i) {
+        const auto pc = reinterpret_cast<uintptr_t>(frames[i]);
+        for (const CodeRange& r : BackendLoops()) {
+          if (pc > r.begin && pc <= r.end) ts.backend_thread = 1;
+        }
+      }
+    }
+  }
+  return ts.backend_thread == 1;
+}
+
+// torch.optim wraps every Optimizer.step in a USER_SCOPE RecordFunction named
+// "Optimizer.step#<Class>.step".
+bool IsOptimizerStep(const at::RecordFunction& fn) {
+  return std::strncmp(fn.name(), "Optimizer.step#", 15) == 0;
+}
+
+
+// Switching RecordFunction off and on again (torch rebuilds its thread-local
+// callback lists both times) costs about as much as observing three or four
+// nested ops: ops running fewer are left alone (callgrind on a small
+// training loop: 2.080 M instructions per iteration with 4, 2.097 M with 1,
+// 2.096 M never switching; 1.382 M without OpGuard).
+constexpr uint64_t kNestedOpsWorthTheSwitch = 4;
+
+std::unique_ptr<at::ObserverContext> OnFunctionStart(const at::RecordFunction& fn, ThreadState& ts) {
+  if (IsEngineWrapper(fn)) return nullptr;
+  int depth = ts.depth++;
+  if (depth > 0) ++ts.nested_calls;
+  if (!Recording()) return nullptr;
+  // c10d's dispatcher ops (c10d::allreduce_, ...) return as soon as the work
+  // is queued: their outputs are not final at op end, so they are not
+  // recorded as ops but as collectives, with the outputs taken once the work
+  // has completed (NativeCollectiveStart).
+  //
+  // Their in-place writes do not bump the tensors' version counters (torch
+  // 1.13), so cached fingerprints of the tensors they were given are dropped
+  // here: the next op that reads them hashes what the collective wrote.
+  if (std::strncmp(fn.name(), "c10d::", 6) == 0) {
+    for (const c10::IValue& v : fn.inputs()) ForgetTensors(v, ts);
+    return NativeCollectiveStart(fn, ts);
+  }
+  // OpGuard's own collective ops (RegisterCollectiveOps) record themselves.
+  if (std::strncmp(fn.name(), "opguard::", 9) == 0) return nullptr;
+  // A backend's own ops while it runs a collective (gloo's all_gather copies
+  // its flat buffer into the outputs on its worker thread) are the
+  // collective's internals, shown by its Completed record.
+  if (ts.callback_lanes.empty() && IsBackendThread(ts)) return nullptr;
+  bool in_backward = ts.backward_nodes > 0 && !ts.nodes.empty();
+  if (depth != 0 && !g_adapter.all_depths.load(std::memory_order_relaxed)) return nullptr;
+  if (ts.unrecorded_regions > 0) return nullptr;
+  BeginCacheStep(ts);
+  auto ctx = std::make_unique<OpContext>();
+  ctx->start_ns = NowNs();
+  ctx->backward = in_backward;
+  ctx->replicated = ts.optimizer_steps > 0 || ts.replicated_regions > 0;
+  if (in_backward) {
+    const NodeName& node = ts.nodes.back();
+    ctx->name = ts.names.GetBackward(fn.name(), node.text, node.hash);
+    ctx->seq_nr = ts.node_seq;
+    ctx->site = ts.node_seq >= 0 ? g_forward_sites->Lookup(ts.node_seq) : 0;
+  } else {
+    ctx->name = ts.names.Get(fn.name());
+    ctx->site = FindUserSite().site;
+    ctx->seq_begin = PeekSequenceNumber();
+  }
+  CollectInputs(fn, *ctx, ts);
+  // The ops this one runs inside itself are not recorded (only depth 0 is):
+  // switching RecordFunction off on this thread until the op ends spares
+  // them the boxing of their inputs and outputs and both callbacks. Not
+  // while another observer (torch.profiler) is registered on this thread,
+  // or was registered globally before us: it still sees every op. The
+  // switch costs more than it saves for ops that run few others (add_, mm),
+  // so an op is switched only once its name has been seen running at least
+  // kNestedOpsWorthTheSwitch nested ops (learnt while it runs with
+  // RecordFunction on). A wrong guess costs time, never a record: nested ops
+  // are not recorded either way.
+  if (g_adapter.skip_nested.load(std::memory_order_relaxed) && !at::hasThreadLocalCallbacks()) {
+    auto it = ts.nests.find(fn.name());
+    if (it != ts.nests.end() && it->second == 2) {
+      at::enableRecordFunction(false);
+      ctx->reenable_record_function = true;
+    } else {
+      ctx->learn_nesting = true;
+      ctx->nested_calls_at_start = ts.nested_calls;
+    }
+  }
+  return ctx;
+}
+
+void OnFunctionEnd(const at::RecordFunction& fn, OpContext* ctx, ThreadState& ts) {
+  if (ctx != nullptr && ctx->reenable_record_function) {
+    at::enableRecordFunction(true);
+    ctx->reenable_record_function = false;
+  } else if (ctx != nullptr && ctx->learn_nesting) {
+    if (ts.nests.size() >= 4096) ts.nests.clear();
+    const uint64_t nested = ts.nested_calls - ctx->nested_calls_at_start;
+    ts.nests.insert_or_assign(fn.name(), nested >= kNestedOpsWorthTheSwitch ? 2 : 1);
+  }
+  if (IsEngineWrapper(fn)) return;
+  --ts.depth;
+  if (ctx != nullptr && ctx->native != nullptr) {
+    NativeCollectiveEnd(fn, *ctx);
+    return;
+  }
+  if (ctx == nullptr || !Recording()) return;
+  uint32_t lane = LaneOf(ts);
+  if (ctx->unfingerprintable || !CollectOutputs(fn, *ctx, ts)) {
+    opguard_report_gap(lane, 1, "tensor without host bytes (device, sparse or quantized)", nullptr);
+    return;
+  }
+  if (!ctx->backward) g_forward_sites->Add(ctx->seq_begin, PeekSequenceNumber(), ctx->site);
+  ctx->Resolve();
+  opguard_op op;
+  std::memset(&op, 0, sizeof(op));
+  op.struct_size = sizeof(op);
+  op.lane = lane;
+  op.op_index = OPGUARD_AUTO;
+  op.name = ctx->name;
+  op.site = ctx->site;
+  op.flags = ctx->backward ? OPGUARD_OP_BACKWARD : 0;
+  if (ctx->uninitialised_output) op.flags |= OPGUARD_OP_NONDETERMINISTIC;
+  if (ctx->replicated) op.flags |= OPGUARD_OP_REPLICATED;
+  if (ctx->seq_nr >= 0) {
+    op.seq_nr = ctx->seq_nr;
+    op.flags |= OPGUARD_OP_HAS_SEQ_NR;
+  }
+  op.num_inputs = static_cast<uint32_t>(ctx->inputs.size());
+  op.inputs = ctx->inputs.data();
+  op.num_outputs = static_cast<uint32_t>(ctx->outputs.size());
+  op.outputs = ctx->outputs.data();
+  op.start_ns = ctx->start_ns;
+  op.duration_ns = NowNs() - ctx->start_ns;
+  opguard_record_op(&op, nullptr);
+}
+
+std::unique_ptr<at::ObserverContext> OnStart(const at::RecordFunction& fn) {
+  ThreadState& ts = ThisThread();
+  try {
+    RecordCompletedNatives();
+    switch (fn.scope()) {
+      case at::RecordScope::FUNCTION:
+        return OnFunctionStart(fn, ts);
+      case at::RecordScope::BACKWARD_FUNCTION:
+        ++ts.backward_nodes;
+        ts.node_seq = fn.seqNr();
+        ts.nodes.push_back(NodeNameOf(fn.name()));
+        return nullptr;
+      case at::RecordScope::USER_SCOPE:
+        // Counted whether or not recording is on, so that recording switched
+        // on inside a step still sees the step's end as its end.
+        if (IsOptimizerStep(fn)) ++ts.optimizer_steps;
+        return nullptr;
+      default:
+        return nullptr;
+    }
+  } catch (const std::exception& e) {
+    DisableOnce(e.what());
+  } catch (...) {
+    DisableOnce("unknown error in the op start callback");
+  }
+  return nullptr;
+}
+
+void OnEnd(const at::RecordFunction& fn, at::ObserverContext* raw) {
+  ThreadState& ts = ThisThread();
+  try {
+    switch (fn.scope()) {
+      case at::RecordScope::FUNCTION:
+        OnFunctionEnd(fn, static_cast<OpContext*>(raw), ts);
+        break;
+      case at::RecordScope::BACKWARD_FUNCTION:
+        if (ts.backward_nodes > 0) --ts.backward_nodes;
+        if (ts.backward_nodes == 0) ts.node_seq = -1;
+        if (!ts.nodes.empty()) ts.nodes.pop_back();
+        break;
+      case at::RecordScope::USER_SCOPE:
+        if (IsOptimizerStep(fn)) {
+          if (ts.optimizer_steps > 0) --ts.optimizer_steps;
+          if (Recording()) MarkStep(ts);
+        }
+        break;
+      default:
+        break;
+    }
+  } catch (const std::exception& e) {
+    DisableOnce(e.what());
+  } catch (...) {
+    DisableOnce("unknown error in the op end callback");
+  }
+}
+
+}  // namespace
+
+// Two callbacks, so that torch boxes arguments only where they are read:
+// ops (FUNCTION) with their inputs and outputs; autograd nodes and user
+// scopes (BACKWARD_FUNCTION, USER_SCOPE: only their names and sequence
+// numbers are read) without, which spares every backward node a vector of
+// its input gradients.
+std::array<at::CallbackHandle, 2> AddObserverCallbacks() {
+  return {at::addGlobalCallback(at::RecordFunctionCallback(&OnStart, &OnEnd)
+                                    .needsInputs(true)
+                                    .needsOutputs(true)
+                                    .scopes({at::RecordScope::FUNCTION})),
+          at::addGlobalCallback(
+              at::RecordFunctionCallback(&OnStart, &OnEnd)
+                  .scopes({at::RecordScope::BACKWARD_FUNCTION, at::RecordScope::USER_SCOPE}))};
+}
+
+// OPGUARD_NESTED_OPS: unset, empty or 0 = off, 1 = on; anything else warns
+// once and keeps nested ops observed (the behaviour that cannot hide an op
+// from another observer).
+bool KeepNestedOps() {
+  const char* value = std::getenv("OPGUARD_NESTED_OPS");
+  if (value == nullptr || value[0] == '\0' || std::strcmp(value, "0") == 0) return false;
+  if (std::strcmp(value, "1") != 0) {
+    std::fprintf(stderr,
+                 "opguard-torch warning: OPGUARD_NESTED_OPS='%s' is not 0 or 1; treating it as 1\n",
+                 value);
+  }
+  return true;
+}
+
+// The shim's current step is process-wide, so one mark (on the lane that ran
+// the optimizer) moves every lane to the next step.
+void MarkStep(ThreadState& ts) {
+  uint64_t step = g_adapter.step.fetch_add(1) + 1;
+  opguard_mark_step(LaneOf(ts), step);
+}
+
+}  // namespace opguard::torch_adapter

@@ -1,0 +1,36 @@
+// The op observer: torch's RecordFunction callbacks that turn aten ops into
+// OpGuard op records (docs/torch.md, "What is recorded").
+//  * forward: the top-level aten op of each call from user code (depth 0 of
+//    the FUNCTION scope on that thread), or every aten op with
+//    OPGUARD_DEPTH=all; inputs fingerprinted at op start, outputs at op end;
+//  * backward: the top-level aten ops inside each autograd node, named
+//    "aten::mm [AddmmBackward0]", carrying the node's sequence number and the
+//    call site of the forward op that created the node;
+//  * steps: the end of every Optimizer.step (torch wraps it in a USER_SCOPE
+//    RecordFunction "Optimizer.step#<Class>.step"), or opguard.mark_step();
+//  * replicated ops: every op recorded while its thread is inside an
+//    Optimizer.step or an opguard.replicated() region is flagged
+//    OPGUARD_OP_REPLICATED (data-parallel replicas must agree on its bits);
+//  * c10d's collectives are handed to collectives.cc.
+// The callbacks never throw into torch: any unexpected failure stops
+// recording (DisableOnce).
+#pragma once
+
+#include <ATen/record_function.h>
+
+#include <array>
+
+#include "thread_state.h"
+
+namespace opguard::torch_adapter {
+
+// Registers the observer's callbacks globally; returns their handles.
+std::array<at::CallbackHandle, 2> AddObserverCallbacks();
+
+// OPGUARD_NESTED_OPS=1: leave RecordFunction on inside recorded ops.
+bool KeepNestedOps();
+
+// Ends the current step (every lane moves to the next one).
+void MarkStep(ThreadState& ts);
+
+}  // namespace opguard::torch_adapter

@@ -1,0 +1,225 @@
+#include "tensor_fingerprint.h"
+
+#include <cstring>
+#include <string_view>
+#include <vector>
+
+#include "torch_compat.h"
+
+namespace opguard::torch_adapter {
+namespace {
+
+// Copies `count` elements of `T` that lie `stride` elements apart.
+template <typename T>
+inline void CopyStrided(uint8_t* out, const uint8_t* src, int64_t count, int64_t stride) {
+  for (int64_t i = 0; i < count; ++i, src += stride * static_cast<int64_t>(sizeof(T))) {
+    T v;
+    std::memcpy(&v, src, sizeof(T));
+    std::memcpy(out + i * static_cast<int64_t>(sizeof(T)), &v, sizeof(T));
+  }
+}
+
+// Copies the elements of a strided tensor into `buf` in logical (row-major)
+// order. False (nothing copied) above kMaxGatherBytes: the fingerprint then
+// reads the strided tensor itself.
+//
+// Dimensions of size 1 are dropped and neighbours that are contiguous with
+// each other merged first, so that a transposed view walks as few rows as
+// its layout allows; rows whose elements lie apart are copied by element
+// size (views of weights and attention heads: most strided tensors here).
+constexpr size_t kMaxGatherBytes = 1u << 20;
+bool GatherLogical(const void* data, size_t element_size, at::IntArrayRef sizes,
+                   at::IntArrayRef strides, std::vector<uint8_t>& buf) {
+  size_t numel = 1;
+  for (int64_t d : sizes) numel *= static_cast<size_t>(d);
+  if (sizes.empty() || numel == 0 || numel * element_size > kMaxGatherBytes) return false;
+  c10::SmallVector<int64_t, 8> size, stride;  // collapsed, outermost first
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    if (sizes[d] == 1) continue;
+    if (!size.empty() && stride.back() == strides[d] * sizes[d]) {
+      size.back() *= sizes[d];
+      stride.back() = strides[d];
+    } else {
+      size.push_back(sizes[d]);
+      stride.push_back(strides[d]);
+    }
+  }
+  if (size.empty()) {  // a single element
+    size.push_back(1);
+    stride.push_back(1);
+  }
+  buf.resize(numel * element_size);
+  const size_t ndim = size.size();
+  const auto* base = static_cast<const uint8_t*>(data);
+  uint8_t* out = buf.data();
+  const int64_t inner = size[ndim - 1];
+  const int64_t inner_stride = stride[ndim - 1];
+  const size_t row_bytes = static_cast<size_t>(inner) * element_size;
+  c10::SmallVector<int64_t, 8> index(ndim, 0);
+  int64_t row_offset = 0;  // in elements, of index[0 .. ndim-2]
+  for (size_t done = 0; done < numel; done += static_cast<size_t>(inner), out += row_bytes) {
+    const uint8_t* src = base + row_offset * static_cast<int64_t>(element_size);
+    if (inner_stride == 1) {
+      std::memcpy(out, src, row_bytes);
+    } else {
+      switch (element_size) {
+        case 1: CopyStrided<uint8_t>(out, src, inner, inner_stride); break;
+        case 2: CopyStrided<uint16_t>(out, src, inner, inner_stride); break;
+        case 4: CopyStrided<uint32_t>(out, src, inner, inner_stride); break;
+        case 8: CopyStrided<uint64_t>(out, src, inner, inner_stride); break;
+        default:
+          for (int64_t i = 0; i < inner; ++i) {
+            std::memcpy(out + i * static_cast<int64_t>(element_size),
+                        src + i * inner_stride * static_cast<int64_t>(element_size), element_size);
+          }
+      }
+    }
+    for (size_t d = ndim - 1; d-- > 0;) {
+      row_offset += stride[d];
+      if (++index[d] < size[d]) break;
+      row_offset -= stride[d] * size[d];
+      index[d] = 0;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+bool FingerprintTensor(const at::Tensor& t, ThreadState& ts, Shapes& shapes, opguard_tensor* out,
+                       Shapes::At* shape, bool cached) {
+  std::memset(out, 0, sizeof(*out));
+  if (!t.defined() || !t.device().is_cpu() || t.is_sparse() || t.is_quantized() ||
+      t.is_mkldnn() || !t.has_storage()) {
+    return false;
+  }
+  uint8_t dtype = ToOpGuardDType(t.scalar_type());
+  if (dtype == OPGUARD_DTYPE_UNKNOWN) return false;
+  at::IntArrayRef sizes = t.sizes();
+  at::IntArrayRef strides = t.strides();
+  *shape = shapes.Add(sizes);
+  const void* data = t.numel() == 0 ? nullptr : t.data_ptr();
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+
+  size_t layout_hash = sizes.size();
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    layout_hash = layout_hash * 1000003u ^ static_cast<size_t>(sizes[i]);
+    layout_hash = layout_hash * 1000003u ^ static_cast<size_t>(strides[i]);
+  }
+  // A contiguous tensor's entry serves every shape of its bytes: a reshape
+  // or view of it (view, reshape, flatten, squeeze, ...) is finalized from
+  // the cached byte sums without reading the bytes (docs/fingerprint.md).
+  const bool contiguous = t.is_contiguous();
+  const uint32_t ndim = static_cast<uint32_t>(sizes.size());
+  FingerprintCache::Key key{data, TensorVersion(t), dtype, contiguous,
+                            contiguous ? t.numel() * t.element_size() : layout_hash};
+  if (ts.collective_writes_seen != g_collective_writes->Count()) {
+    g_collective_writes->Apply(ts.collective_writes_seen, ts.cache, ts.uninitialised);
+  }
+  // Memory an op handed out uninitialised (aten::empty) is often filled
+  // without an op or a version bump (torch.LongTensor([n]) writes it in C++):
+  // its fingerprint is never cached, so a later read hashes what is there
+  // rather than the garbage seen at allocation.
+  const bool cacheable = data != nullptr && !ts.uninitialised.Contains(t);
+  if (cacheable && cached) {
+    if (const auto* hit = ts.cache.Find(key, storage)) {
+      if (hit->layout_hash == layout_hash) {
+        out->fp_lo = hit->lo;
+        out->fp_hi = hit->hi;
+      } else if (opguard_fingerprint_reshape(&hit->sums, dtype, sizes.data(), ndim, out) !=
+                 OPGUARD_OK) {
+        return false;
+      }
+      out->stats = hit->stats;
+      out->has_stats = hit->has_stats;
+      out->dtype = dtype;
+      out->device = -1;
+      out->ndim = ndim;
+      return true;
+    }
+  }
+  // A strided tensor is fingerprinted in logical order, as its contiguous
+  // copy would be (docs/fingerprint.md): small ones are gathered here into a
+  // per-thread buffer, which spares the fingerprint's own gather its 64 KiB
+  // tile buffer per call.
+  const void* bytes = data;
+  const int64_t* fp_strides = nullptr;
+  if (data != nullptr && !contiguous) {
+    if (!GatherLogical(data, t.element_size(), sizes, strides, ts.gather)) {
+      fp_strides = strides.data();
+    } else {
+      bytes = ts.gather.data();
+    }
+  }
+  opguard_byte_sums sums{};
+  if (opguard_fingerprint_host_sums(bytes, dtype, sizes.data(), ndim, fp_strides, out, &sums) !=
+      OPGUARD_OK) {
+    return false;
+  }
+  if (cacheable) {
+    ts.cache.Put(key, FingerprintCache::Value{t.storage().getWeakStorageImpl(), out->fp_lo,
+                                              out->fp_hi, out->stats, out->has_stats, sums,
+                                              layout_hash});
+  }
+  out->shape = nullptr;  // the record points at `shapes` once complete
+  return true;
+}
+
+// Scalars are recorded as their raw bits (a Python float is a double).
+bool ScalarValue(const c10::IValue& v, opguard_value* out) {
+  uint64_t bits = 0;
+  if (v.isDouble()) {
+    double d = v.toDouble();
+    std::memcpy(&bits, &d, sizeof(d));
+    out->scalar_dtype = OPGUARD_DTYPE_FLOAT64;
+  } else if (v.isInt()) {
+    int64_t i = v.toInt();
+    std::memcpy(&bits, &i, sizeof(i));
+    out->scalar_dtype = OPGUARD_DTYPE_INT64;
+  } else if (v.isBool()) {
+    bits = v.toBool() ? 1 : 0;
+    out->scalar_dtype = OPGUARD_DTYPE_BOOL;
+  } else {
+    return false;
+  }
+  out->kind = OPGUARD_VALUE_SCALAR;
+  out->scalar_bits = bits;
+  return true;
+}
+
+bool FingerprintAll(at::TensorList tensors, OpContext& ctx, ThreadState& ts) {
+  for (const at::Tensor& t : tensors) {
+    opguard_tensor out;
+    Shapes::At shape;
+    if (!FingerprintTensor(t, ts, ctx.shapes, &out, &shape, /*cached=*/false)) return false;
+    // A receiving rank's broadcast buffer, fresh from torch.empty: its bytes
+    // at launch are garbage, never evidence.
+    if (ts.uninitialised.Contains(t)) ctx.uninitialised_output = true;
+    ctx.outputs.Add(out, shape);
+  }
+  return true;
+}
+
+// Their bytes differ from run to run by definition. They are recorded (shapes
+// and order still anchor the alignment's structure) but flagged so that their
+// fingerprints are never used as evidence of a divergence.
+bool HasUninitialisedOutput(const char* name) {
+  static constexpr std::string_view kNames[] = {
+      "aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty",
+      "aten::new_empty_strided", "aten::resize_", "aten::resize_as_"};
+  for (std::string_view candidate : kNames) {
+    if (candidate == name) return true;
+  }
+  return false;
+}
+
+void ForgetTensors(const c10::IValue& v, ThreadState& ts) {
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    if (t.defined() && t.has_storage()) ts.cache.StorageWritten(t.storage().unsafeGetStorageImpl());
+  } else if (v.isList()) {
+    for (const c10::IValue& e : v.toListRef()) ForgetTensors(e, ts);
+  }
+}
+
+}  // namespace opguard::torch_adapter

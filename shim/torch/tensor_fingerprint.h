@@ -1,0 +1,52 @@
+// Tensor fingerprints as the adapter takes them: host tensors read in place
+// (strided ones in logical order), through the calling thread's cache of the
+// fingerprints it already took. Tensors OpGuard cannot read on the host
+// (device tensors in a build without the CUDA path, sparse, quantized) are
+// reported as such, never given a made-up fingerprint.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include "adapter_state.h"
+#include "op_record.h"
+#include "opguard/shim.h"
+#include "thread_state.h"
+
+namespace opguard::torch_adapter {
+
+// Fills `out` (its shape pointer unset) with the tensor's fingerprint and
+// stores its shape in `shapes` at `*shape`; false if it has no host bytes
+// OpGuard can read. `cached`: a fingerprint cached for the same bytes may be
+// used.
+bool FingerprintTensor(const at::Tensor& t, ThreadState& ts, Shapes& shapes, opguard_tensor* out,
+                       Shapes::At* shape, bool cached = true);
+
+// Fingerprints `tensors` from their bytes into ctx.outputs; false if one has
+// no host bytes. Never from the cache: an Entered record must show memory
+// changed behind torch's back (a bit flipped in a gradient before its
+// all-reduce), a Completed one the bytes the collective wrote. The results
+// are cached for the ops that read them next. Sets ctx.uninitialised_output
+// when a tensor's memory was never written.
+bool FingerprintAll(at::TensorList tensors, OpContext& ctx, ThreadState& ts);
+
+// Scalars are recorded as their raw bits (a Python float is a double). False
+// (nothing set) for other values.
+bool ScalarValue(const c10::IValue& v, opguard_value* out);
+
+// Ops whose outputs are freshly allocated, uninitialised memory.
+bool HasUninitialisedOutput(const char* name);
+
+// Drops the thread's cached fingerprints of the tensors in `v` (nested lists
+// too): their bytes are about to change behind the version counter.
+void ForgetTensors(const c10::IValue& v, ThreadState& ts);
+
+// Bounds the thread's cache to one step's tensors: call before fingerprinting.
+inline void BeginCacheStep(ThreadState& ts) {
+  const uint64_t step = CurrentStep();
+  if (ts.cache_step != step) {
+    ts.cache.Clear();
+    ts.cache_step = step;
+  }
+}
+
+}  // namespace opguard::torch_adapter

@@ -1,0 +1,198 @@
+// What the adapter remembers about tensor memory on each thread: the
+// fingerprints it already took (FingerprintCache), the storages that hold
+// memory nobody has written yet (UninitialisedStorages), and, across threads,
+// the storages completed collectives wrote behind torch's back
+// (CollectiveWrites). Used by tensor_fingerprint.cc; owned by ThreadState.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "opguard/shim.h"
+
+namespace opguard::torch_adapter {
+
+// Fingerprints of tensors seen on this thread, so the output of one op is not
+// hashed again as the input of the next. An entry is valid while its weak
+// reference still points at the tensor's storage object (a weak reference
+// keeps the object's memory, so its address cannot be taken by a new
+// storage) and the tensor's version counter is unchanged.
+//
+// A fixed table indexed by a hash of the key, one entry per slot: a new entry
+// replaces whatever held its slot, which only costs a later miss. Nothing is
+// allocated per entry, and a whole step's entries are dropped by moving to
+// the next epoch.
+class FingerprintCache {
+ public:
+  // Contiguous tensors are keyed by their bytes (`extent` = byte length),
+  // whatever their shape; strided ones by their layout (`extent` = a hash of
+  // sizes and strides).
+  struct Key {
+    const void* data;
+    uint32_t version;
+    uint8_t dtype;
+    bool contiguous;
+    size_t extent;
+    bool operator==(const Key&) const = default;
+  };
+  struct Value {
+    // (weak references have no default constructor: an empty one is made
+    // from an empty strong reference)
+    c10::weak_intrusive_ptr<c10::StorageImpl> storage{c10::intrusive_ptr<c10::StorageImpl>()};
+    uint64_t lo = 0, hi = 0;  // the fingerprint under the layout hashed in `layout_hash`
+    opguard_tensor_stats stats{};
+    uint8_t has_stats = 0;
+    opguard_byte_sums sums{};  // contiguous entries: other shapes are finalized from these
+    size_t layout_hash = 0;
+  };
+
+  const Value* Find(const Key& key, const c10::StorageImpl* storage) {
+    Slot& slot = slots_[SlotOf(key)];
+    if (slot.epoch != epoch_ || !(slot.key == key) ||
+        slot.value.storage._unsafe_get_target() != storage) {
+      return nullptr;
+    }
+    if (!written_.empty()) {
+      auto w = written_.find(storage);
+      if (w != written_.end() && slot.generation < w->second) {
+        slot.epoch = 0;
+        return nullptr;
+      }
+    }
+    return &slot.value;
+  }
+  void Put(const Key& key, Value value) {
+    if (written_.size() >= 4096) Clear();
+    Slot& slot = slots_[SlotOf(key)];
+    slot.key = key;
+    slot.value = std::move(value);
+    slot.generation = generation_;
+    slot.epoch = epoch_;
+  }
+  // Drops every entry (their weak references go when their slots are reused).
+  void Clear() {
+    ++epoch_;
+    written_.clear();
+  }
+  // The storage's bytes changed without a version bump: entries of it (any
+  // view) put before now are stale. O(1); Find drops them lazily.
+  void StorageWritten(const c10::StorageImpl* storage) { written_[storage] = ++generation_; }
+
+ private:
+  static constexpr size_t kSlots = 4096;  // a power of two
+  struct Slot {
+    Key key{};
+    Value value{};
+    uint64_t generation = 0;
+    uint64_t epoch = 0;  // valid only when equal to the cache's
+  };
+  static size_t SlotOf(const Key& k) {
+    uint64_t h = reinterpret_cast<uintptr_t>(k.data) ^ (k.extent * 0x9E3779B97F4A7C15ull) ^
+                 (uint64_t{k.version} << 32) ^ k.dtype;
+    h ^= h >> 29;
+    h *= 0xBF58476D1CE4E5B9ull;
+    return (h ^ (h >> 32)) & (kSlots - 1);
+  }
+  std::vector<Slot> slots_ = std::vector<Slot>(kSlots);
+  uint64_t epoch_ = 1;
+  // Storages written behind the version counter, by the generation of their
+  // last such write; entries put before it are stale.
+  std::unordered_map<const c10::StorageImpl*, uint64_t> written_;
+  uint64_t generation_ = 0;
+};
+
+// Storages holding freshly allocated, not yet written memory (outputs of
+// aten::empty and friends), per thread. Their bytes differ from run to run by
+// definition, and so do views of them (the detach/view an nn.Parameter makes
+// of torch.empty before init.normal_ writes it). A storage leaves the set when
+// an op writes a tensor it was given (in-place or out=: the output is one of
+// the op's input tensors). The weak reference keeps a reused address from
+// matching a new allocation.
+class UninitialisedStorages {
+ public:
+  void Add(const at::Tensor& t) {
+    if (!t.defined() || !t.has_storage()) return;
+    if (map_.size() >= 4096) Clear();
+    const c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+    map_.insert_or_assign(storage, t.storage().getWeakStorageImpl());
+    filter_[FilterBit(storage) / 64] |= uint64_t{1} << (FilterBit(storage) % 64);
+  }
+  // Most outputs are fresh storages: a bit filter in front of the map
+  // answers them without a hash lookup. A storage found in the map is the
+  // one it was added as (its weak reference keeps the address from reuse).
+  bool Contains(const at::Tensor& t) {
+    if (map_.empty() || !t.defined() || !t.has_storage()) return false;
+    const c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+    if ((filter_[FilterBit(storage) / 64] >> (FilterBit(storage) % 64) & 1) == 0) return false;
+    return map_.count(storage) != 0;
+  }
+  void Remove(const at::Tensor& t) { Remove(t.storage().unsafeGetStorageImpl()); }
+  void Remove(const c10::StorageImpl* storage) {
+    if (!map_.empty()) map_.erase(storage);
+  }
+
+ private:
+  static constexpr size_t kFilterBits = 1u << 15;
+  static size_t FilterBit(const c10::StorageImpl* storage) {
+    return (reinterpret_cast<uintptr_t>(storage) * 0x9E3779B97F4A7C15ull >> 40) % kFilterBits;
+  }
+  void Clear() {
+    map_.clear();
+    filter_.fill(0);
+  }
+  std::unordered_map<const c10::StorageImpl*, c10::weak_intrusive_ptr<c10::StorageImpl>> map_;
+  std::array<uint64_t, kFilterBits / 64> filter_{};
+};
+
+// Storages that completed collectives wrote, in completion order. A
+// collective writes its outputs after its op has returned, on the backend's
+// thread and behind the version counter, so an entry a thread cached for
+// them earlier (the inputs hashed at launch) would hide what it wrote. Every
+// thread's cache drops its entries of these storages before it next
+// fingerprints a tensor (FingerprintTensor), whichever thread took the
+// Completed record: with the entry dropped only on that thread, an op
+// reading an all-reduced DDP bucket showed the launch bytes or the reduced
+// ones from run to run.
+class CollectiveWrites {
+ public:
+  void Add(const c10::StorageImpl* storage) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const uint64_t count = count_.load(std::memory_order_relaxed);
+    ring_[count % kKept] = storage;
+    count_.store(count + 1, std::memory_order_release);
+  }
+  uint64_t Count() const { return count_.load(std::memory_order_acquire); }
+  // Marks the writes after `seen` in `cache` (clears a cache that fell more
+  // than the ring behind) and takes the storages out of `uninitialised` (a
+  // buffer torch.empty made for a broadcast to fill holds data now); moves
+  // `seen` to the end.
+  void Apply(uint64_t& seen, FingerprintCache& cache, UninitialisedStorages& uninitialised) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const uint64_t count = count_.load(std::memory_order_relaxed);
+    if (count - seen > kKept) {
+      cache.Clear();
+    } else {
+      for (uint64_t i = seen; i < count; ++i) {
+        cache.StorageWritten(ring_[i % kKept]);
+        uninitialised.Remove(ring_[i % kKept]);
+      }
+    }
+    seen = count;
+  }
+
+ private:
+  static constexpr uint64_t kKept = 4096;
+  std::mutex mu_;
+  std::array<const c10::StorageImpl*, kKept> ring_{};
+  std::atomic<uint64_t> count_{0};
+};
+// Never destroyed: backend threads may complete collectives during exit.
+inline CollectiveWrites* const g_collective_writes = new CollectiveWrites();
+
+}  // namespace opguard::torch_adapter
