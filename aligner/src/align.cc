@@ -64,6 +64,7 @@ class LaneAligner {
       i = bi;
       j = bj;
     }
+    PairByData();
     PairChangedSites();
   }
 
@@ -396,6 +397,101 @@ class LaneAligner {
       out_->notes.push_back(std::move(note));
     } else if (out_->notes.size() == kMaxNotes) {
       out_->notes.push_back("(further alignment notes omitted)");
+    }
+  }
+
+  // Structure alone is ambiguous where source lines repeat (a helper called
+  // from one line for several independent computations, identical lines in
+  // two branches) and silent where the code differs; the data decides there:
+  // an op with the same name applied to inputs with equal fingerprints is the
+  // same computation. Every reference op that is unpaired, or paired with a
+  // suspect op whose inputs differ, takes the suspect op nearest its expected
+  // position (within rescue_distance) that has its name and inputs and is
+  // itself unpaired or paired with unequal inputs; the partners it displaces
+  // are left to PairChangedSites. A pair with equal inputs is never undone.
+  // The scan stops at the first pair it cannot repair whose outputs differ:
+  // that pair is the pivot, and nothing after it changes the report.
+  void PairByData() {
+    const size_t n = r_.size(), m = s_.size();
+    if (n == 0 || m == 0) return;
+    constexpr int64_t kNone = -1;
+    std::vector<int64_t> of_r(n, kNone), of_s(m, kNone);
+    std::vector<uint32_t> flags(n, 0);
+    for (const Pair& p : out_->pairs) {
+      of_r[p.ref] = p.sus;
+      of_s[p.sus] = p.ref;
+      flags[p.ref] = p.flags;
+    }
+    auto same_computation = [&](size_t r, size_t q) {
+      return r_[r].name == s_[q].name && r_[r].inputs == s_[q].inputs && !s_[q].nondeterministic();
+    };
+    auto repairable = [&](size_t q) {
+      return of_s[q] == kNone || !(r_[static_cast<size_t>(of_s[q])].inputs == s_[q].inputs);
+    };
+    const int64_t reach = o_.rescue_distance;
+    int64_t last_r = -1, last_s = -1;  // the latest pair met, for expected positions
+    uint64_t repaired = 0;
+    for (size_t r = 0; r < n; ++r) {
+      const int64_t paired = of_r[r];
+      if (paired != kNone && r_[r].inputs == s_[static_cast<size_t>(paired)].inputs) {
+        last_r = static_cast<int64_t>(r);
+        last_s = paired;
+        continue;
+      }
+      if (r_[r].nondeterministic()) continue;
+      const int64_t expected = paired != kNone ? paired
+                               : last_s >= 0   ? last_s + (static_cast<int64_t>(r) - last_r)
+                                               : static_cast<int64_t>(r);
+      int64_t best = kNone;
+      for (int64_t d = 0; d <= reach && best == kNone; ++d) {
+        for (int64_t q : {expected - d, expected + d}) {
+          if (q >= 0 && q < static_cast<int64_t>(m) && q != paired &&
+              same_computation(r, static_cast<size_t>(q)) && repairable(static_cast<size_t>(q))) {
+            best = q;
+            break;
+          }
+        }
+      }
+      if (best != kNone) {
+        if (paired != kNone) of_s[static_cast<size_t>(paired)] = kNone;
+        const int64_t displaced = of_s[static_cast<size_t>(best)];
+        if (displaced != kNone) of_r[static_cast<size_t>(displaced)] = kNone;
+        of_r[r] = best;
+        of_s[static_cast<size_t>(best)] = static_cast<int64_t>(r);
+        flags[r] = Pair::kByData;
+        ++repaired;
+        last_r = static_cast<int64_t>(r);
+        last_s = best;
+        continue;
+      }
+      if (paired == kNone) continue;
+      last_r = static_cast<int64_t>(r);
+      last_s = paired;
+      if (!s_[static_cast<size_t>(paired)].nondeterministic() &&
+          !(r_[r].outputs == s_[static_cast<size_t>(paired)].outputs)) {
+        break;
+      }
+    }
+    if (repaired == 0) return;
+    out_->pairs.clear();
+    int64_t last_in_order = -1;
+    for (size_t r = 0; r < n; ++r) {
+      if (of_r[r] == kNone) continue;
+      Pair p{static_cast<uint32_t>(r), static_cast<uint32_t>(of_r[r]), flags[r]};
+      // Pairs out of the suspect's order are reordered ones (see Pair).
+      if (of_r[r] < last_in_order) {
+        p.flags |= Pair::kReordered;
+      } else if (!(p.flags & Pair::kReordered)) {
+        last_in_order = of_r[r];
+      }
+      out_->pairs.push_back(p);
+    }
+    out_->by_data = repaired;
+    // Not a degradation (no bound was hit): said, not flagged.
+    if (out_->notes.size() < kMaxNotes) {
+      out_->notes.push_back(std::to_string(repaired) +
+                            " op pair(s) made by equal inputs where the structure disagreed (same "
+                            "op on the same data)");
     }
   }
 

@@ -33,6 +33,48 @@ TEST(AlignLane, OpsOfAnEditedLinePairAcrossIt) {
   EXPECT_NE(a.notes[0].find("edited source lines"), std::string::npos);
 }
 
+TEST(AlignLane, OneLineRunForIndependentDataInAnotherOrderPairsByData) {
+  // A helper called from one line projects q, k and v (one key for all
+  // three); the suspect issues k before q. Structure alone pairs q with k.
+  auto r = Lane("A B C L=q L=k L=v D E F G H I J K");
+  auto s = Lane("A B C L=k L=q L=v D E F G H I J K");
+  Alignment a = AlignLane(r.ops, s.ops);
+  ASSERT_EQ(a.pairs.size(), 14u);
+  EXPECT_EQ(a.by_data, 2u);
+  EXPECT_EQ(a.pairs[3].sus, 4u);  // q - q
+  EXPECT_EQ(a.pairs[4].sus, 3u);  // k - k
+  EXPECT_EQ(a.pairs[5].sus, 5u);  // v kept
+  EXPECT_EQ(a.pairs[3].flags & Pair::kByData, Pair::kByData);
+  for (const Pair& p : a.pairs) EXPECT_EQ(r.ops[p.ref].outputs, s.ops[p.sus].outputs);
+  EXPECT_FALSE(a.degraded);
+}
+
+TEST(AlignLane, TheSameMathOnOtherLinesPairsByItsInputs) {
+  // The suspect runs the update in another function (other sites, so other
+  // keys), in another order: the loose key alone would pair one of them in
+  // order; the inputs pair both with what they replaced.
+  auto r = Lane("A B C U@1=g V@1=h D E F G H I J");
+  auto s = Lane("A B C V@2=h U@2=g D E F G H I J");
+  Alignment a = AlignLane(r.ops, s.ops);
+  ASSERT_EQ(a.pairs.size(), 12u);
+  EXPECT_EQ(a.by_data, 2u);
+  EXPECT_EQ(a.pairs[3].sus, 4u);
+  EXPECT_EQ(a.pairs[4].sus, 3u);
+}
+
+TEST(AlignLane, APairOnEqualInputsIsNeverUndone) {
+  // The suspect ran the op twice, the first time wrongly: the pair with equal
+  // inputs and different outputs stands (the op itself diverged), however
+  // well the second run of it would match.
+  auto r = Lane("A B C L=q D E F G H I J");
+  auto s = Lane("A B C L=q#bad L=q D E F G H I J");
+  Alignment a = AlignLane(r.ops, s.ops);
+  EXPECT_EQ(a.by_data, 0u);
+  ASSERT_EQ(a.pairs.size(), 11u);
+  EXPECT_EQ(a.pairs[3].sus, 3u);
+  EXPECT_NE(r.ops[3].outputs, s.ops[3].outputs);
+}
+
 TEST(AlignLane, InsertedOpsWithoutACounterpartStayUnaligned) {
   // Ops only one side has (logging) never pair loosely: the other side has
   // nothing left between the same two pairs.

@@ -2,8 +2,10 @@
 // is its structure (key, name, site); the full token is its output
 // fingerprint; a trailing '!' marks a nondeterministic op, a trailing '+' a
 // replicated one; a token starting with '~' gets a different input digest;
-// "A@2" is op A on an edited source line (same loose key as A). "A B#x C!" = three ops; the second
-// is structurally "B" but its output differs from a plain "B".
+// "A@2" is op A on an edited source line (same loose key as A); "A=q" is op A
+// applied to data "q" (its input digest follows op and data, not the site:
+// "A=q" and "A@2=q" computed on the same inputs). "A B#x C!" = three ops; the
+// second is structurally "B" but its output differs from a plain "B".
 #pragma once
 
 #include <sstream>
@@ -26,6 +28,11 @@ inline OpEvent Ev(const std::string& token_in, uint64_t op_index, uint64_t step 
   bool other_input = !token.empty() && token[0] == '~';
   if (other_input) token = token.substr(1);
   std::string structure = token.substr(0, token.find('#'));
+  std::string data;
+  if (structure.find('=') != std::string::npos) {
+    data = structure.substr(structure.find('=') + 1);
+    structure = structure.substr(0, structure.find('='));
+  }
   // "A@2": op A on another source line (key and site differ, loose key not).
   std::string op = structure.substr(0, structure.find('@'));
   e.op_index = op_index;
@@ -35,7 +42,10 @@ inline OpEvent Ev(const std::string& token_in, uint64_t op_index, uint64_t step 
   e.key = Id("key:" + structure);
   e.loose_key = static_cast<uint32_t>(Id("loose:" + op));
   e.outputs = Fp128{Id("out:" + token), 7};
-  e.inputs = Fp128{Id(other_input ? "in2:" + structure : "in:" + structure), 9};
+  e.inputs = Fp128{Id(!data.empty()   ? "in:" + op + "=" + data
+                      : other_input ? "in2:" + structure
+                                    : "in:" + structure),
+                   9};
   e.flags = (nd ? OpEvent::kNondeterministic : 0) | (replicated ? OpEvent::kReplicated : 0);
   return e;
 }

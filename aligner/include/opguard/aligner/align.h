@@ -2,9 +2,11 @@
 //
 // Pairs ops whose structural keys are equal, tolerating ops inserted or
 // deleted in either run and locally reordered independent ops. Unpaired ops
-// are unaligned; the alignment never looks at fingerprints, so a divergence
+// are unaligned. Output fingerprints never decide a pairing, so a divergence
 // can never make ops unpairable (and an insertion can never look like a
-// divergence).
+// divergence); input fingerprints do where the structure cannot (see
+// PairByData in align.cc): the same op on the same data is the same
+// computation, whatever line issued it.
 #pragma once
 
 #include <cstdint>
@@ -38,6 +40,7 @@ struct AlignOptions {
 struct Pair {
   static constexpr uint32_t kReordered = 1u << 0;     // paired by the rescue pass
   static constexpr uint32_t kChangedSite = 1u << 1;   // paired across an edited source line
+  static constexpr uint32_t kByData = 1u << 2;        // paired by equal inputs (same computation)
   uint32_t ref = 0;
   uint32_t sus = 0;
   uint32_t flags = 0;
@@ -47,6 +50,7 @@ struct Alignment {
   std::vector<Pair> pairs;   // ascending `ref`; `sus` ascending except reordered pairs
   uint64_t reordered = 0;    // pairs made by the rescue pass
   uint64_t changed_site = 0; // pairs made across edited source lines
+  uint64_t by_data = 0;      // pairs made by equal inputs where the structure disagreed
   uint64_t windows = 0;      // mismatch windows resolved
   uint64_t largest_window = 0;  // max(ref ops, suspect ops) of any window
   uint64_t dp_cells = 0;     // DP cells used in total
@@ -54,6 +58,10 @@ struct Alignment {
   std::vector<std::string> notes;  // why, in a line each (at most a few)
 };
 
+// Then the data decides where the structure is ambiguous or silent: an
+// unpaired reference op, or one paired with unequal inputs, takes a nearby
+// suspect op with the same name and equal input fingerprints (kByData).
+//
 // Last, ops left unpaired on both sides between the same two consecutive
 // pairs (at most rescue_distance per side) are paired in order by loose key
 // (same op and shapes on a source line whose text changed between the runs:
