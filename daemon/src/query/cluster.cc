@@ -1,4 +1,4 @@
-#include "cluster.h"
+#include "query/cluster.h"
 
 #include <algorithm>
 #include <future>
@@ -7,12 +7,11 @@
 #include <set>
 #include <thread>
 
-#include "keys.h"
 #include "opguard/aligner/cross_rank.h"
 #include "opguard/aligner/diff.h"
 #include "opguard/daemon/client.h"
 #include "opguard/daemon/report_wire.h"
-#include "trace_source.h"
+#include "query/trace_source.h"
 
 namespace opguard::daemon {
 namespace {
@@ -135,6 +134,15 @@ const T* AnswerOf(const PeerCall& c, Result<Answer>& answer, Part& part) {
     part.notes.push_back("peer " + c.endpoint + " did not answer: " + answer.status().message());
   }
   return a;
+}
+
+// The peer's own entry of an answer's `nodes`, as this receiver saw the call.
+NodeInfo AnsweredNode(const PeerCall& c, const flatbuffers::Vector<Offset<wire::NodeAnswer>>* nodes) {
+  auto peer_nodes = NodesFromWire(nodes);
+  NodeInfo n = peer_nodes.empty() ? NodeInfo{} : peer_nodes.front();
+  n.endpoint = c.endpoint;
+  n.seconds = std::chrono::duration<double>(Clock::now() - c.started).count();
+  return n;
 }
 
 std::chrono::milliseconds PeerTimeout(uint32_t ms) {
@@ -286,9 +294,9 @@ std::pair<aligner::DiffStatus, std::vector<uint32_t>> CollectivesVerdict(
 
 }  // namespace
 
-ClusterQueries::ClusterQueries(const Config& config, const Store* store, const Ingest* ingest,
+ClusterQueries::ClusterQueries(const Config& config, const Store* store, const RunRegistry* registry,
                                std::string node)
-    : config_(config), store_(store), ingest_(ingest), node_(std::move(node)) {}
+    : config_(config), store_(store), registry_(registry), node_(std::move(node)) {}
 
 Result<std::string> ClusterQueries::Diff(const wire::DiffRequest& q) {
   const std::string ref_name = Str(q.reference()), sus_name = Str(q.suspect());
@@ -307,8 +315,8 @@ Result<std::string> ClusterQueries::Diff(const wire::DiffRequest& q) {
   // This node's ranks, while the peers work on theirs.
   const auto started = Clock::now();
   DiffPart part;
-  auto ref = ingest_->FindRun(ref_name);
-  auto sus = ingest_->FindRun(sus_name);
+  auto ref = registry_->Find(ref_name);
+  auto sus = registry_->Find(sus_name);
   NodeInfo self;
   self.endpoint = config_.listen;
   self.node = node_;
@@ -382,11 +390,7 @@ Result<std::string> ClusterQueries::Diff(const wire::DiffRequest& q) {
     auto answer = c.answer.get();
     const auto* a = AnswerOf<wire::DiffAnswer>(c, answer, part);
     if (a == nullptr) continue;
-    auto peer_nodes = NodesFromWire(a->nodes());
-    NodeInfo n = peer_nodes.empty() ? NodeInfo{} : peer_nodes.front();
-    n.endpoint = c.endpoint;
-    n.seconds = std::chrono::duration<double>(Clock::now() - c.started).count();
-    part.nodes.push_back(n);
+    part.nodes.push_back(AnsweredNode(c, a->nodes()));
     if (a->ranks()) {
       for (const auto* r : *a->ranks()) part.ranks.push_back(RankDiffFromWire(*r));
     }
@@ -425,7 +429,7 @@ Result<std::string> ClusterQueries::Collectives(const wire::CollectivesRequest& 
   NodeInfo self;
   self.endpoint = config_.listen;
   self.node = node_;
-  if (auto run = ingest_->FindRun(name)) {
+  if (auto run = registry_->Find(name)) {
     part.knows_run = true;
     for (uint32_t r : ExpectedRanks(run->world_size, run->ranks)) part.expected.insert(r);
     OPGUARD_ASSIGN_OR_RETURN(auto all, LoadCollectives(*store_, run->id));
@@ -446,18 +450,13 @@ Result<std::string> ClusterQueries::Collectives(const wire::CollectivesRequest& 
     OPGUARD_ASSIGN_OR_RETURN(auto comms, LoadCommunicators(*store_, run->id));
     for (auto& c : comms) part.communicators.emplace(c.id, std::move(c));
     OPGUARD_ASSIGN_OR_RETURN(part.gaps, LoadCollectiveGaps(*store_, run->id, local));
-    auto sites = store_->GetDefs(run->id, keys::kSiteKind, {site_ids.begin(), site_ids.end()});
     std::set<uint64_t> string_ids;
-    for (const auto& [id, value] : sites) {
-      if (value.size() != 20) continue;
-      aligner::StringResolver::Site s{keys::GetU64(value.data()), keys::GetU32(value.data() + 8),
-                                      keys::GetU64(value.data() + 12)};
+    for (const auto& [id, s] : store_->GetSites(run->id, {site_ids.begin(), site_ids.end()})) {
       string_ids.insert(s.file);
       string_ids.insert(s.function);
-      part.sites[id] = s;
+      part.sites[id] = {s.file, s.line, s.function};
     }
-    part.strings =
-        store_->GetDefs(run->id, keys::kStringKind, {string_ids.begin(), string_ids.end()});
+    part.strings = store_->GetStrings(run->id, {string_ids.begin(), string_ids.end()});
   } else if (!q.local_only()) {
     part.notes.push_back(node_ + " holds no records of run '" + name + "'");
   }
@@ -468,11 +467,7 @@ Result<std::string> ClusterQueries::Collectives(const wire::CollectivesRequest& 
     auto answer = c.answer.get();
     const auto* a = AnswerOf<wire::CollectivesAnswer>(c, answer, part);
     if (a == nullptr) continue;
-    auto peer_nodes = NodesFromWire(a->nodes());
-    NodeInfo n = peer_nodes.empty() ? NodeInfo{} : peer_nodes.front();
-    n.endpoint = c.endpoint;
-    n.seconds = std::chrono::duration<double>(Clock::now() - c.started).count();
-    part.nodes.push_back(n);
+    part.nodes.push_back(AnsweredNode(c, a->nodes()));
     anyone_knows = anyone_knows || (a->ranks() && a->ranks()->size() != 0);
     MergeCollectives(&part, *a);
   }
@@ -514,7 +509,7 @@ Result<std::string> ClusterQueries::Ranks(const wire::RanksRequest& q) {
   // Replicas held here are compared here, against the lowest of them.
   std::vector<aligner::ReplicaReport> groups;
   std::vector<std::string> group_nodes;
-  auto run = ingest_->FindRun(name);
+  auto run = registry_->Find(name);
   if (run && !replicas.empty()) {
     std::vector<uint32_t> held;
     for (uint32_t r : std::set<uint32_t>(replicas.begin(), replicas.end())) {
@@ -549,11 +544,7 @@ Result<std::string> ClusterQueries::Ranks(const wire::RanksRequest& q) {
     const auto* a = AnswerOf<wire::RanksAnswer>(c, answer, part);
     if (a == nullptr) continue;
     if (a->collectives()) {
-      auto peer_nodes = NodesFromWire(a->collectives()->nodes());
-      NodeInfo n = peer_nodes.empty() ? NodeInfo{} : peer_nodes.front();
-      n.endpoint = c.endpoint;
-      n.seconds = std::chrono::duration<double>(Clock::now() - c.started).count();
-      part.nodes.push_back(n);
+      part.nodes.push_back(AnsweredNode(c, a->collectives()->nodes()));
       anyone_knows =
           anyone_knows || (a->collectives()->ranks() && a->collectives()->ranks()->size() != 0);
       MergeCollectives(&part, *a->collectives());

@@ -1,4 +1,4 @@
-#include "keys.h"
+#include "storage/keys.h"
 
 namespace opguard::daemon::keys {
 
@@ -21,14 +21,29 @@ uint32_t GetU32(const char* p) {
 uint64_t GetU64(const char* p) { return (uint64_t{GetU32(p)} << 32) | GetU32(p + 4); }
 
 std::string OpKey(uint64_t run, uint32_t rank, uint32_t lane, uint64_t op_index) {
-  std::string k;
-  k.reserve(24);
-  PutU64(&k, run);
-  PutU32(&k, rank);
-  PutU32(&k, lane);
-  PutU64(&k, op_index);
-  return k;
+  char k[kOpKeySize];
+  EncodeOpKey(k, run, rank, lane, op_index);
+  return std::string(k, sizeof k);
 }
+
+void EncodeOpKey(char (&out)[kOpKeySize], uint64_t run, uint32_t rank, uint32_t lane,
+                 uint64_t op_index) {
+  auto put32 = [](char* p, uint32_t v) {
+    p[0] = static_cast<char>(v >> 24);
+    p[1] = static_cast<char>(v >> 16);
+    p[2] = static_cast<char>(v >> 8);
+    p[3] = static_cast<char>(v);
+  };
+  put32(out, static_cast<uint32_t>(run >> 32));
+  put32(out + 4, static_cast<uint32_t>(run));
+  put32(out + 8, rank);
+  put32(out + 12, lane);
+  put32(out + 16, static_cast<uint32_t>(op_index >> 32));
+  put32(out + 20, static_cast<uint32_t>(op_index));
+}
+
+uint32_t OpKeyLane(std::string_view key) { return GetU32(key.data() + 12); }
+uint64_t OpKeyIndex(std::string_view key) { return GetU64(key.data() + 16); }
 
 std::string LanePrefix(uint64_t run, uint32_t rank, uint32_t lane) {
   std::string k;
@@ -51,30 +66,44 @@ std::string CollectiveKey(uint64_t run, uint64_t communicator, uint64_t seq, uin
   return k;
 }
 
+uint32_t CollectiveKeyRank(std::string_view key) { return GetU32(key.data() + 24); }
+
 std::string DefKey(uint64_t run, char kind, uint64_t id) {
-  std::string k;
-  k.reserve(17);
-  PutU64(&k, run);
-  k.push_back(kind);
+  std::string k = DefKindPrefix(run, kind);
   PutU64(&k, id);
   return k;
 }
 
+std::string DefKindPrefix(uint64_t run, char kind) {
+  std::string k = RunBegin(run);
+  k.push_back(kind);
+  return k;
+}
+
 std::string SourceKey(uint64_t run, uint64_t file) {
-  std::string k;
-  PutU64(&k, run);
+  std::string k = RunBegin(run);
   PutU64(&k, file);
   return k;
 }
 
 std::string EventKey(uint64_t run, uint32_t rank, char kind, uint32_t lane, uint64_t index) {
-  std::string k;
-  k.reserve(25);
-  PutU64(&k, run);
-  PutU32(&k, rank);
-  k.push_back(kind);
+  std::string k = EventKindPrefix(run, rank, kind);
   PutU32(&k, lane);
   PutU64(&k, index);
+  return k;
+}
+
+std::string CollectiveGapKey(uint64_t run, uint32_t rank, uint64_t communicator, uint64_t first_seq) {
+  std::string k = EventKindPrefix(run, rank, kCollectiveGapKind);
+  PutU64(&k, communicator);
+  PutU64(&k, first_seq);
+  return k;
+}
+
+std::string EventKindPrefix(uint64_t run, uint32_t rank, char kind) {
+  std::string k = RunBegin(run);
+  PutU32(&k, rank);
+  k.push_back(kind);
   return k;
 }
 
@@ -97,6 +126,34 @@ std::string RunBegin(uint64_t run) {
   std::string k;
   PutU64(&k, run);
   return k;
+}
+
+std::string KindUpperBound(std::string prefix) {
+  prefix.back() = static_cast<char>(prefix.back() + 1);
+  return prefix;
+}
+
+std::string SiteValue(uint64_t file, uint32_t line, uint64_t function) {
+  std::string v;
+  PutU64(&v, file);
+  PutU32(&v, line);
+  PutU64(&v, function);
+  return v;
+}
+
+bool DecodeSiteValue(std::string_view value, uint64_t* file, uint32_t* line, uint64_t* function) {
+  if (value.size() != 20) return false;
+  *file = GetU64(value.data());
+  *line = GetU32(value.data() + 8);
+  *function = GetU64(value.data() + 12);
+  return true;
+}
+
+std::string StepValue(uint64_t op_index, uint64_t time_ns) {
+  std::string v;
+  PutU64(&v, op_index);
+  PutU64(&v, time_ns);
+  return v;
 }
 
 }  // namespace opguard::daemon::keys

@@ -1,0 +1,99 @@
+#include "storage/meta_values.h"
+
+namespace opguard::daemon {
+
+nlohmann::json RankToJson(const RankState& r) {
+  nlohmann::json sessions = nlohmann::json::array();
+  for (const auto& [id, s] : r.sessions) {
+    sessions.push_back({{"id", id}, {"contiguous", s.contiguous}, {"above", s.above},
+                        {"last_ns", s.last_ns}});
+  }
+  return {{"ops", r.ops},
+          {"collectives", r.collectives},
+          {"steps", r.steps},
+          {"gap_records", r.gap_records},
+          {"collective_gap_records", r.collective_gap_records},
+          {"gap_notices", r.gap_notices},
+          {"batches", r.batches},
+          {"bytes", r.bytes},
+          {"first_ns", r.first_ns},
+          {"last_ns", r.last_ns},
+          {"node", r.node},
+          {"local_rank", r.local_rank},
+          {"pid", r.pid},
+          {"ended", r.ended},
+          {"sessions", sessions}};
+}
+
+RankState RankFromJson(const nlohmann::json& j) {
+  RankState r;
+  r.ops = j.value("ops", uint64_t{0});
+  r.collectives = j.value("collectives", uint64_t{0});
+  r.steps = j.value("steps", uint64_t{0});
+  r.gap_records = j.value("gap_records", uint64_t{0});
+  r.collective_gap_records = j.value("collective_gap_records", uint64_t{0});
+  r.gap_notices = j.value("gap_notices", uint64_t{0});
+  r.batches = j.value("batches", uint64_t{0});
+  r.bytes = j.value("bytes", uint64_t{0});
+  r.first_ns = j.value("first_ns", uint64_t{0});
+  r.last_ns = j.value("last_ns", uint64_t{0});
+  r.node = j.value("node", std::string());
+  r.local_rank = j.value("local_rank", uint32_t{0});
+  r.pid = j.value("pid", uint64_t{0});
+  r.ended = j.value("ended", false);
+  if (j.contains("sessions")) {
+    for (const auto& s : j["sessions"]) {
+      SessionState state;
+      state.contiguous = s.value("contiguous", uint64_t{0});
+      state.last_ns = s.value("last_ns", uint64_t{0});
+      if (s.contains("above")) state.above = s["above"].get<std::set<uint64_t>>();
+      r.sessions[s.value("id", uint64_t{0})] = std::move(state);
+    }
+  }
+  return r;
+}
+
+namespace {
+nlohmann::json PairsToJson(const std::vector<std::pair<std::string, std::string>>& kv) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [k, v] : kv) j[k] = v;
+  return j;
+}
+std::vector<std::pair<std::string, std::string>> PairsFromJson(const nlohmann::json& j,
+                                                               const char* key) {
+  std::vector<std::pair<std::string, std::string>> out;
+  if (!j.contains(key) || !j[key].is_object()) return out;
+  for (const auto& [k, v] : j[key].items()) out.emplace_back(k, v.is_string() ? v.get<std::string>() : v.dump());
+  return out;
+}
+}  // namespace
+
+nlohmann::json RunMetaToJson(const RunState& r) {
+  return {{"id", r.id},
+          {"name", r.name},
+          {"job_id", r.job_id},
+          {"world_size", r.world_size},
+          {"framework", r.framework},
+          {"start_ns", r.start_ns},
+          {"created_ns", r.created_ns},
+          {"determinism", PairsToJson(r.determinism)},
+          {"versions", PairsToJson(r.versions)},
+          {"environment", PairsToJson(r.environment)}};
+}
+
+RunState RunMetaFromJson(const nlohmann::json& j) {
+  RunState r;
+  r.id = j.value("id", uint64_t{0});
+  r.name = j.value("name", std::string());
+  r.job_id = j.value("job_id", std::string());
+  r.world_size = j.value("world_size", uint32_t{0});
+  r.framework = j.value("framework", std::string());
+  r.start_ns = j.value("start_ns", uint64_t{0});
+  r.created_ns = j.value("created_ns", uint64_t{0});
+  r.determinism = PairsFromJson(j, "determinism");
+  r.versions = PairsFromJson(j, "versions");
+  r.environment = PairsFromJson(j, "environment");
+  return r;
+}
+
+}  // namespace opguard::daemon

@@ -1,0 +1,115 @@
+// The value format of the ops column family (docs/storage.md): op chunks.
+//
+// Included by the storage room and by ingest (which fills OpChunkWriters) and
+// query/trace_source (which reads chunks through OpChunkView).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace opguard::daemon {
+
+// Consecutive records of one (run, rank, lane) from one batch are stored as ONE
+// value, keyed by the op_index of the LAST record in it (docs/storage.md), so
+// a forward Seek(op key) lands on the only chunk that can hold that op.
+//
+//   "OGC1" | count u32 | count x { op_index u64 | offset u32 | size u32 }
+//   | records, each an OpRecord FlatBuffers root starting 8-aligned
+//
+// (integers little-endian; offsets from the start of the value). Ingest stores
+// it compressed, wrapped as
+//
+//   "OGZ1" | codec u32 (1 = LZ4, 2 = ZSTD) | raw size u32 | compressed chunk
+//
+// so the WAL, the memtable and the blob file all carry the compressed bytes
+// and the chunk is compressed exactly once. A value that starts with neither
+// magic is a single record (one OpRecord root per key, the key's op_index);
+// readers accept all three.
+// For records of typical size (~300 bytes) the byte limit ends a chunk, at
+// ~200 records. Larger chunks compress better (real-shim records: 97 -> 89.5
+// bytes on disk per record, so ~8% fewer bytes through the WAL, the memtable
+// and the blob files, at the same LZ4 CPU per byte; most of it because LZ4
+// hashes 5-byte sequences for inputs over 64 KiB, 4-byte ones below). 64 KiB
+// bounds what a point lookup decodes; 128 KiB would save only ~4% more.
+inline constexpr size_t kOpChunkMaxRecords = 256;
+inline constexpr size_t kOpChunkMaxBytes = 64 << 10;
+
+enum class ChunkCodec : uint32_t { kNone = 0, kLz4 = 1, kZstd = 2 };
+// "lz4" (also for "snappy"), "zstd", anything else: none.
+ChunkCodec ChunkCodecByName(const std::string& name);
+
+class OpChunkWriter {
+ public:
+  OpChunkWriter();
+  ~OpChunkWriter();
+  OpChunkWriter(OpChunkWriter&&) noexcept;
+  OpChunkWriter& operator=(OpChunkWriter&&) noexcept;
+  void Clear();
+  bool empty() const { return entries_.empty(); }
+  size_t count() const { return entries_.size(); }
+  size_t record_bytes() const { return records_.size() - kHeadRoom; }
+  uint64_t last_op() const { return entries_.empty() ? 0 : entries_.back().op_index; }
+  // True when a record of `op_index` may join (ascending, chunk not full).
+  bool Accepts(uint64_t op_index) const {
+    return entries_.empty() ||
+           (op_index > entries_.back().op_index && entries_.size() < kOpChunkMaxRecords &&
+            record_bytes() < kOpChunkMaxBytes);
+  }
+  void Add(uint64_t op_index, const uint8_t* data, size_t size);
+  // Appends a record that is written in place: returns `size` bytes of
+  // storage (8-aligned within the chunk, zero-filled up to 8-alignment)
+  // valid until the next Add/Reserve/Clear/Finish.
+  uint8_t* Reserve(uint64_t op_index, size_t size);
+  // The encoded value (wrapped and compressed unless `codec` is kNone);
+  // valid until the next Clear()/Add().
+  std::string_view Finish(ChunkCodec codec = ChunkCodec::kNone);
+
+ private:
+  // Room for the largest header ("OGC1" | count | kOpChunkMaxRecords entries)
+  // at the start of records_: Finish writes the header in front of the
+  // records instead of copying them behind it.
+  static constexpr size_t kHeadRoom = 8 + 16 * kOpChunkMaxRecords;
+  struct Entry {
+    uint64_t op_index;
+    uint32_t offset;  // from the first record (records_ + kHeadRoom)
+    uint32_t size;
+  };
+  std::vector<Entry> entries_;
+  std::string records_;  // kHeadRoom bytes, then the records
+  std::string out_;
+  std::string packed_;
+  struct Codecs;  // compression state, reused across chunks
+  std::unique_ptr<Codecs> codecs_;
+};
+
+// A decoded ops value (chunk, compressed chunk or single record). Open()
+// decompresses and checks the framing (bounds, alignment, ascending op
+// indices), not the records themselves: readers verify each record they use
+// (wire::OpenStored).
+class OpChunkView {
+ public:
+  // `key_op` is the op_index of the key (used for single-record values).
+  // Copies `value` into internal storage when it is misaligned or `copy` is
+  // set, and always decompresses a compressed chunk into it (otherwise the
+  // records alias `value`, which must outlive their use).
+  bool Open(uint64_t key_op, std::string_view value, bool copy = false);
+  size_t size() const { return ops_.size(); }
+  uint64_t op_index(size_t i) const { return ops_[i]; }
+  std::string_view record(size_t i) const { return records_[i]; }
+  // Index of the first record with op_index >= `op` (size() when none).
+  size_t LowerBound(uint64_t op) const;
+
+ private:
+  std::vector<uint64_t> storage_;
+  std::vector<uint64_t> ops_;
+  std::vector<std::string_view> records_;
+};
+
+// True for a chunk, compressed or not (not for a single-record value).
+bool IsOpChunk(std::string_view value);
+
+}  // namespace opguard::daemon
