@@ -158,6 +158,74 @@ struct DiffPart {
   std::vector<NodeInfo> nodes;
 };
 
+// The ranks this node diffs (held for both runs; only `rank` unless it is
+// negative). Adds the expected ranks, and a note for each rank held for one
+// run only, to `part`.
+std::vector<uint32_t> DiffRanksHere(const RunState& ref, const RunState& sus, int64_t rank,
+                                    const std::string& node, DiffPart* part) {
+  const uint32_t world = std::max(ref.world_size, sus.world_size);
+  std::map<uint32_t, RankState> present = ref.ranks;
+  present.insert(sus.ranks.begin(), sus.ranks.end());
+  if (rank >= 0) {
+    part->expected.insert(static_cast<uint32_t>(rank));
+  } else {
+    for (uint32_t r : ExpectedRanks(world, present)) part->expected.insert(r);
+  }
+  auto wanted = [rank](uint32_t r) { return rank < 0 || r == static_cast<uint32_t>(rank); };
+  std::vector<uint32_t> local;
+  for (const auto& [r, s] : sus.ranks) {
+    if (!wanted(r)) continue;
+    if (ref.ranks.count(r)) {
+      local.push_back(r);
+    } else {
+      part->notes.push_back("rank " + std::to_string(r) + ": " + node +
+                            " holds the suspect run's records but not the reference's");
+    }
+  }
+  for (const auto& [r, s] : ref.ranks) {
+    if (wanted(r) && !sus.ranks.count(r)) {
+      part->notes.push_back("rank " + std::to_string(r) + ": " + node +
+                            " holds the reference run's records but not the suspect's");
+    }
+  }
+  return local;
+}
+
+// Aligns `local` ranks of the two runs as stored here, into part->ranks.
+Status DiffHere(const Store& store, const RunState& ref, const RunState& sus,
+                const std::vector<uint32_t>& local, const wire::DiffRequest& q,
+                const std::atomic<bool>* cancel, DiffPart* part) {
+  std::map<uint32_t, std::vector<aligner::CollectiveEvent>> collectives;
+  if (!local.empty()) {
+    OPGUARD_ASSIGN_OR_RETURN(collectives, LoadCollectives(store, sus.id));
+  }
+  StoreDetails ref_details(&store, ref.id), sus_details(&store, sus.id);
+  StoreStrings ref_strings(&store, ref.id), sus_strings(&store, sus.id);
+  aligner::DiffContext ctx;
+  ctx.reference_details = &ref_details;
+  ctx.suspect_details = &sus_details;
+  ctx.reference_strings = &ref_strings;
+  ctx.suspect_strings = &sus_strings;
+  ctx.options.tolerate_gaps_older_than = q.tolerate_gaps_older_than();
+  for (uint32_t r : local) {
+    // One rank at a time: two traces of ~80 bytes per op in memory at most.
+    // The two runs' scans (read, decompress, verify, reduce to events) are
+    // independent: the reference's runs on a second thread.
+    auto ref_loading = std::async(std::launch::async, [&ref_details, r, cancel] {
+      return ref_details.LoadRank(r, cancel);
+    });
+    auto sus_loaded = sus_details.LoadRank(r, cancel);
+    auto ref_loaded = ref_loading.get();
+    OPGUARD_ASSIGN_OR_RETURN(auto ref_trace, std::move(ref_loaded));
+    OPGUARD_ASSIGN_OR_RETURN(auto sus_trace, std::move(sus_loaded));
+    if (auto it = collectives.find(r); it != collectives.end())
+      sus_trace.collectives = std::move(it->second);
+    OPGUARD_ASSIGN_OR_RETURN(auto d, aligner::DiffRank(ref_trace, sus_trace, ctx));
+    part->ranks.push_back(std::move(d));
+  }
+  return Status::Ok();
+}
+
 std::string DiffAnswerBytes(const DiffPart& part, const aligner::DiffReport& merged) {
   FlatBufferBuilder b(64 * 1024);
   std::vector<Offset<wire::RankDiff>> ranks;
@@ -321,60 +389,9 @@ Result<std::string> ClusterQueries::Diff(const wire::DiffRequest& q) {
   self.endpoint = config_.listen;
   self.node = node_;
   if (ref && sus) {
-    const uint32_t world = std::max(ref->world_size, sus->world_size);
-    std::map<uint32_t, RankState> present = ref->ranks;
-    present.insert(sus->ranks.begin(), sus->ranks.end());
-    if (q.rank() >= 0) {
-      part.expected.insert(static_cast<uint32_t>(q.rank()));
-    } else {
-      for (uint32_t r : ExpectedRanks(world, present)) part.expected.insert(r);
-    }
-    std::vector<uint32_t> local;
-    for (const auto& [r, s] : sus->ranks) {
-      if (q.rank() >= 0 && r != static_cast<uint32_t>(q.rank())) continue;
-      if (ref->ranks.count(r)) {
-        local.push_back(r);
-      } else {
-        part.notes.push_back("rank " + std::to_string(r) + ": " + node_ +
-                             " holds the suspect run's records but not the reference's");
-      }
-    }
-    for (const auto& [r, s] : ref->ranks) {
-      if (q.rank() >= 0 && r != static_cast<uint32_t>(q.rank())) continue;
-      if (!sus->ranks.count(r)) {
-        part.notes.push_back("rank " + std::to_string(r) + ": " + node_ +
-                             " holds the reference run's records but not the suspect's");
-      }
-    }
-    std::map<uint32_t, std::vector<aligner::CollectiveEvent>> collectives;
-    if (!local.empty()) {
-      OPGUARD_ASSIGN_OR_RETURN(collectives, LoadCollectives(*store_, sus->id));
-    }
-    StoreDetails ref_details(store_, ref->id), sus_details(store_, sus->id);
-    StoreStrings ref_strings(store_, ref->id), sus_strings(store_, sus->id);
-    aligner::DiffContext ctx;
-    ctx.reference_details = &ref_details;
-    ctx.suspect_details = &sus_details;
-    ctx.reference_strings = &ref_strings;
-    ctx.suspect_strings = &sus_strings;
-    ctx.options.tolerate_gaps_older_than = q.tolerate_gaps_older_than();
-    for (uint32_t r : local) {
-      // One rank at a time: two traces of ~80 bytes per op in memory at most.
-      // The two runs' scans (read, decompress, verify, reduce to events) are
-      // independent: the reference's runs on a second thread.
-      auto ref_loading = std::async(std::launch::async, [&ref_details, r, this] {
-        return ref_details.LoadRank(r, &cancel_);
-      });
-      auto sus_loaded = sus_details.LoadRank(r, &cancel_);
-      auto ref_loaded = ref_loading.get();
-      OPGUARD_ASSIGN_OR_RETURN(auto ref_trace, std::move(ref_loaded));
-      OPGUARD_ASSIGN_OR_RETURN(auto sus_trace, std::move(sus_loaded));
-      if (auto it = collectives.find(r); it != collectives.end())
-        sus_trace.collectives = std::move(it->second);
-      OPGUARD_ASSIGN_OR_RETURN(auto d, aligner::DiffRank(ref_trace, sus_trace, ctx));
-      part.ranks.push_back(std::move(d));
-      self.ranks.push_back(r);
-    }
+    const std::vector<uint32_t> local = DiffRanksHere(*ref, *sus, q.rank(), node_, &part);
+    OPGUARD_RETURN_IF_ERROR(DiffHere(*store_, *ref, *sus, local, q, &cancel_, &part));
+    self.ranks = local;
   } else if (!q.local_only()) {
     if (!ref && !sus) {
       part.notes.push_back(node_ + " holds neither run");

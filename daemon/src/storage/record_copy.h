@@ -4,6 +4,9 @@
 // cheap generic copy (the reflection one is slow), so these are written out
 // field by field. CONTRACT: when a field is appended to one of these tables in
 // idl/, add it here too; record_copy_test.cc compares every field.
+//
+// Included by the storage room, ingest (storing a batch's records) and
+// query/query.cc (copying stored records into trace pages).
 #pragma once
 
 #include <flatbuffers/flatbuffers.h>
