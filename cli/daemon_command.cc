@@ -13,6 +13,7 @@
 #include "cli/command.h"
 #include "cli/daemon_args.h"
 #include "opguard/daemon/client.h"
+#include "opguard/daemon/status_json.h"
 
 namespace opguard::cli {
 namespace {
@@ -56,17 +57,9 @@ int StatusMain(int argc, char** argv) {
   const auto* s = answer->envelope()->message_as_StatusAnswer();
   if (s == nullptr) return Fail("status", DataLoss("unexpected answer from " + args.endpoint));
   if (args.json) {
-    nlohmann::json peers = nlohmann::json::array();
-    if (s->peers()) {
-      for (const auto* p : *s->peers()) peers.push_back(p->str());
-    }
-    nlohmann::json j = {{"version", Str(s->version())},   {"node", Str(s->node())},
-                        {"data_dir", Str(s->data_dir())}, {"uptime_s", s->uptime_s()},
-                        {"runs", s->runs()},              {"records_ingested", s->records_ingested()},
-                        {"batches_rejected", s->batches_rejected()}, {"disk_bytes", s->disk_bytes()},
-                        {"http", Str(s->http())},         {"ingest", Str(s->ingest())},
-                        {"listen", Str(s->listen())},     {"peers", peers},
-                        {"endpoint", args.endpoint}};
+    // The daemon's /api/status, plus the endpoint asked.
+    nlohmann::json j = daemon::StatusJson(*s);
+    j["endpoint"] = args.endpoint;
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
@@ -98,29 +91,8 @@ int RunsMain(int argc, char** argv) {
   if (!answer.ok()) return Fail("runs", answer.status());
   const auto* list = answer->envelope()->message_as_ListRunsAnswer();
   if (list == nullptr) return Fail("runs", DataLoss("unexpected answer from " + args.endpoint));
-  if (args.json) {
-    nlohmann::json runs = nlohmann::json::array();
-    if (list->runs()) {
-      for (const auto* run : *list->runs()) {
-        nlohmann::json ranks = nlohmann::json::array();
-        if (run->ranks()) {
-          for (const auto* r : *run->ranks()) {
-            ranks.push_back({{"rank", r->rank()}, {"ops", r->ops()}, {"collectives", r->collectives()},
-                             {"steps", r->steps()}, {"gaps", r->gaps()}, {"node", Str(r->node())},
-                             {"ended", r->ended()}});
-          }
-        }
-        nlohmann::json det = nlohmann::json::object();
-        if (run->determinism()) {
-          for (const auto* kv : *run->determinism()) det[Str(kv->key())] = Str(kv->value());
-        }
-        runs.push_back({{"name", Str(run->name())}, {"job_id", Str(run->job_id())},
-                        {"world_size", run->world_size()}, {"framework", Str(run->framework())},
-                        {"start_ns", run->start_ns()}, {"end_ns", run->end_ns()},
-                        {"determinism", det}, {"ranks", ranks}});
-      }
-    }
-    std::printf("%s\n", nlohmann::json{{"runs", runs}}.dump(2).c_str());
+  if (args.json) {  // the daemon's /api/runs
+    std::printf("%s\n", daemon::RunsJson(*list).dump(2).c_str());
     return 0;
   }
   if (!list->runs() || list->runs()->size() == 0) {

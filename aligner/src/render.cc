@@ -3,7 +3,6 @@
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
-#include <limits>
 #include <sstream>
 
 #include "opguard/common/hex.h"
@@ -143,100 +142,6 @@ json Member(const CollectiveMember& m) {
               {"count", m.count}, {"root", m.root},       {"step", m.step},
               {"lane", m.lane},   {"op_index", m.op_index}, {"site", Site(m.site)},
               {"outputs", outs}};
-}
-
-// ---- from JSON ----------------------------------------------------------------
-
-uint64_t ParseHex64(const json& j) {
-  std::string s = j.get<std::string>();
-  return std::stoull(s, nullptr, 16);
-}
-
-Fp128 ParseFp(const json& j) {
-  std::string s = j.get<std::string>();
-  uint8_t bytes[16];
-  if (!FromHex(s, bytes, sizeof bytes)) {
-    throw std::invalid_argument("fingerprint must have 32 hex digits");
-  }
-  Fp128 fp;
-  for (int i = 7; i >= 0; --i) {
-    fp.lo = fp.lo << 8 | bytes[i];
-    fp.hi = fp.hi << 8 | bytes[8 + i];
-  }
-  return fp;
-}
-
-double ParseNum(const json& j) {
-  return j.is_null() ? std::numeric_limits<double>::quiet_NaN() : j.get<double>();
-}
-
-SiteInfo ParseSite(const json& j) {
-  return SiteInfo{ParseHex64(j.at("id")), j.at("file").get<std::string>(), j.at("line").get<uint32_t>(),
-                  j.at("function").get<std::string>()};
-}
-
-TensorView ParseTensor(const json& j) {
-  TensorView t;
-  t.fingerprint = ParseFp(j.at("fingerprint"));
-  t.dtype = j.at("dtype").get<std::string>();
-  t.shape = j.at("shape").get<std::vector<int64_t>>();
-  const json& s = j.at("stats");
-  if (!s.is_null()) {
-    t.stats = TensorStats{s.at("nan_count").get<uint64_t>(), s.at("inf_count").get<uint64_t>(),
-                          ParseNum(s.at("min")), ParseNum(s.at("max")), ParseNum(s.at("sum")),
-                          ParseNum(s.at("l2"))};
-  }
-  return t;
-}
-
-OpView ParseView(const json& j) {
-  OpView v;
-  v.rank = j.at("rank").get<uint32_t>();
-  v.lane = j.at("lane").get<uint32_t>();
-  v.op_index = j.at("op_index").get<uint64_t>();
-  v.step = j.at("step").get<uint64_t>();
-  v.op = j.at("op").get<std::string>();
-  v.site = ParseSite(j.at("site"));
-  v.seq_nr = j.at("seq_nr").get<int64_t>();
-  v.backward = j.at("backward").get<bool>();
-  v.start_ns = j.at("start_ns").get<uint64_t>();
-  v.detail_available = j.at("detail_available").get<bool>();
-  v.output_digest = ParseFp(j.at("output_digest"));
-  v.input_digest = ParseFp(j.at("input_digest"));
-  for (const json& t : j.at("outputs")) v.outputs.push_back(ParseTensor(t));
-  for (const json& in : j.at("inputs")) {
-    InputView iv;
-    iv.kind = in.at("kind").get<std::string>();
-    for (const json& t : in.at("tensors")) iv.tensors.push_back(ParseTensor(t));
-    iv.scalar_bits = in.at("scalar_bits").get<uint64_t>();
-    iv.scalar_dtype = in.at("scalar_dtype").get<std::string>();
-    v.inputs.push_back(std::move(iv));
-  }
-  v.kernels = j.at("kernels").get<std::vector<std::string>>();
-  return v;
-}
-
-std::optional<FirstDivergence> ParseDivergence(const json& j) {
-  if (j.is_null()) return std::nullopt;
-  FirstDivergence f;
-  f.rank = j.at("rank").get<uint32_t>();
-  f.lane = j.at("lane").get<uint32_t>();
-  f.step = j.at("step").get<uint64_t>();
-  f.op = j.at("op").get<std::string>();
-  f.inputs_equal = j.at("inputs_equal").get<bool>();
-  f.differing_outputs = j.at("differing_outputs").get<std::vector<uint32_t>>();
-  f.reference = ParseView(j.at("reference"));
-  f.suspect = ParseView(j.at("suspect"));
-  return f;
-}
-
-DiffStatus ParseStatus(const json& j) {
-  std::string s = j.get<std::string>();
-  for (DiffStatus d : {DiffStatus::kIdentical, DiffStatus::kDiverged, DiffStatus::kIncomplete,
-                       DiffStatus::kPartial}) {
-    if (s == DiffStatusName(d)) return d;
-  }
-  throw std::invalid_argument("unknown status '" + s + "'");
 }
 
 // ---- text ---------------------------------------------------------------------
@@ -450,63 +355,6 @@ json ToJson(const ReplicaReport& r) {
               {"compared_ops", r.compared_ops},
               {"pairs", pairs},
               {"notes", r.notes}};
-}
-
-Result<RankDiff> RankDiffFromJson(const json& j) {
-  try {
-    RankDiff r;
-    r.rank = j.at("rank").get<uint32_t>();
-    r.status = ParseStatus(j.at("status"));
-    r.first_divergence = ParseDivergence(j.at("first_divergence"));
-    r.first_observed = ParseDivergence(j.at("first_observed"));
-    r.aligned = j.at("aligned").get<uint64_t>();
-    r.aligned_total = j.at("aligned_total").get<uint64_t>();
-    r.unaligned_before_ref = j.at("unaligned_before").at("reference").get<uint64_t>();
-    r.unaligned_before_sus = j.at("unaligned_before").at("suspect").get<uint64_t>();
-    r.unaligned_total_ref = j.at("unaligned_total").at("reference").get<uint64_t>();
-    r.unaligned_total_sus = j.at("unaligned_total").at("suspect").get<uint64_t>();
-    r.skipped_nondeterministic = j.at("skipped_nondeterministic").get<uint64_t>();
-    r.reordered = j.at("reordered").get<uint64_t>();
-    for (const json& m : j.at("missing")) {
-      r.missing.push_back(MissingRange{m.at("run").get<std::string>(), m.at("rank").get<uint32_t>(),
-                                       m.at("lane").get<uint32_t>(), m.at("first_op").get<uint64_t>(),
-                                       m.at("last_op").get<uint64_t>()});
-    }
-    for (const json& l : j.at("lanes")) {
-      LaneDiff d;
-      d.lane = l.at("lane").get<uint32_t>();
-      d.status = ParseStatus(l.at("status"));
-      d.ref_ops = l.at("ops").at("reference").get<uint64_t>();
-      d.sus_ops = l.at("ops").at("suspect").get<uint64_t>();
-      d.aligned = l.at("aligned").get<uint64_t>();
-      d.reordered = l.at("reordered").get<uint64_t>();
-      d.unaligned_ref = l.at("unaligned").at("reference").get<uint64_t>();
-      d.unaligned_sus = l.at("unaligned").at("suspect").get<uint64_t>();
-      if (!l.at("pivot_op_index").is_null()) {
-        d.pivot_ref_op = l.at("pivot_op_index").at("reference").get<uint64_t>();
-        d.pivot_sus_op = l.at("pivot_op_index").at("suspect").get<uint64_t>();
-      }
-      d.largest_window = l.at("largest_window").get<uint64_t>();
-      d.degraded = l.at("degraded").get<bool>();
-      r.lanes.push_back(d);
-    }
-    r.notes = j.at("notes").get<std::vector<std::string>>();
-    const json& s = j.at("summary");
-    r.summary.rank = s.at("rank").get<uint32_t>();
-    r.summary.status = ParseStatus(s.at("status"));
-    r.summary.lane = s.at("lane").get<uint32_t>();
-    r.summary.step = s.at("step").get<uint64_t>();
-    r.summary.op_index = s.at("op_index").get<uint64_t>();
-    for (const json& c : s.at("comms")) {
-      r.summary.comms.push_back(CommPosition{ParseHex64(c.at("communicator")), c.at("last_seq_before").get<int64_t>(),
-                                             c.at("first_seq_after").get<int64_t>()});
-    }
-    return r;
-  } catch (const std::exception& e) {
-    // nlohmann reports malformed input by throwing; the aligner's contract is
-    // Status, so nothing escapes.
-    return InvalidArgument(std::string("rank diff JSON: ") + e.what());
-  }
 }
 
 std::string ToText(const DiffReport& r) {

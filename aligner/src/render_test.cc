@@ -89,22 +89,6 @@ TEST(Render, DiffTextReadsLikeACompilerError) {
   EXPECT_NE(text.find("[0, 1077945344, 0, 0]"), std::string::npos) << text;
 }
 
-TEST(Render, RankDiffRoundTripsThroughJson) {
-  Fixture f;
-  RankDiff d = Sample(f);
-  d.summary.comms.push_back(CommPosition{0xfeedfacecafebeefULL, 3, 4});
-  nlohmann::json j = ToJson(d);
-  Result<RankDiff> back = RankDiffFromJson(nlohmann::json::parse(j.dump()));
-  ASSERT_TRUE(back.ok()) << back.status().ToString();
-  EXPECT_EQ(ToJson(*back), j);
-  EXPECT_EQ(back->summary.comms.back().communicator, 0xfeedfacecafebeefULL);
-}
-
-TEST(Render, MalformedRankDiffIsAStatusNotAnException) {
-  EXPECT_FALSE(RankDiffFromJson(nlohmann::json::parse(R"({"rank": 1})")).ok());
-  EXPECT_FALSE(RankDiffFromJson(nlohmann::json::parse("[]")).ok());
-}
-
 TEST(Render, IncompleteAndPartialAreSaid) {
   RankTrace r = Rank(0, "A B C"), s = Rank(0, "A B C");
   s.gaps.push_back(Gap{0, 1, 1});

@@ -20,12 +20,14 @@
 #include <systemd/sd-daemon.h>
 #endif
 
-#include "http_server.h"
-#include "ingest.h"
+#include "ingest/ingest.h"
 #include "metrics.h"
 #include "opguard/common/log.h"
-#include "query.h"
-#include "store.h"
+#include "query/http_server.h"
+#include "query/query.h"
+#include "query/query_server.h"
+#include "registry/run_registry.h"
+#include "storage/store.h"
 
 namespace opguard::daemon {
 namespace asio = boost::asio;
@@ -58,6 +60,7 @@ struct Daemon::Impl {
   Metrics metrics;
   zmq::context_t context{1};
   std::unique_ptr<Store> store;
+  RunRegistry registry;
   std::unique_ptr<Ingest> ingest;
   std::unique_ptr<QueryService> service;
   std::unique_ptr<QueryServer> query_server;
@@ -103,7 +106,7 @@ void Daemon::Impl::MaintenanceLoop() {
 
 void Daemon::Impl::EnforceRetention() {
   if (config.retention_max_bytes == 0 && config.retention_max_age.count() == 0) return;
-  auto runs = ingest->Runs();
+  auto runs = registry.Runs();
   if (runs.size() < 2) return;  // the most recently active run is never removed
   std::sort(runs.begin(), runs.end(),
             [](const RunState& a, const RunState& b) { return a.LastNs() < b.LastNs(); });
@@ -146,13 +149,13 @@ int Daemon::Run() {
     return 1;
   }
   d.store = std::move(store).value();
-  d.ingest = std::make_unique<Ingest>(c, d.store.get(), &d.metrics, &d.context);
+  d.ingest = std::make_unique<Ingest>(c, d.store.get(), &d.registry, &d.metrics, &d.context);
   d.ingest->SetOnRunDeleted([&d](uint64_t id) {
     std::lock_guard<std::mutex> lock(d.maint_mu);
     d.to_compact.push_back(id);
     d.maint_cv.notify_one();
   });
-  d.service = std::make_unique<QueryService>(c, d.store.get(), d.ingest.get(), &d.metrics);
+  d.service = std::make_unique<QueryService>(c, d.store.get(), &d.registry, d.ingest.get(), &d.metrics);
   d.query_server = std::make_unique<QueryServer>(c, d.service.get(), &d.metrics, &d.context);
 
   // Signals first, so a SIGTERM during startup still stops cleanly.
@@ -188,8 +191,8 @@ int Daemon::Run() {
   OPGUARD_LOG(LogLevel::kInfo, std::string("opguardd ") + OPGUARD_VERSION + " ready: data " + c.data_dir +
                                    ", ingest " + c.ingest + ", queries " + c.listen + ", http " +
                                    (d.http ? d.http->address() : std::string("off")) + ", " +
-                                   std::to_string(d.ingest->RunCount()) + " runs stored");
-  Notify("READY=1\nSTATUS=serving " + std::to_string(d.ingest->RunCount()) + " runs");
+                                   std::to_string(d.registry.Count()) + " runs stored");
+  Notify("READY=1\nSTATUS=serving " + std::to_string(d.registry.Count()) + " runs");
 
   // Health: a failed store makes the daemon exit (systemd restarts it); the
   // watchdog is fed only while the ingest threads make progress.

@@ -2,7 +2,7 @@
 
 #include <cstdio>
 
-#include "store.h"
+#include "storage/store.h"
 
 namespace opguard::daemon {
 

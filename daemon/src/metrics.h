@@ -1,6 +1,8 @@
 // Daemon counters, exported as Prometheus text on GET /metrics. Written by
 // the ingest and query threads with relaxed atomics (no ordering needed: each
 // counter stands alone), read by the HTTP thread.
+//
+// May be included by every room of the daemon (it depends on nothing).
 #pragma once
 
 #include <array>

@@ -392,6 +392,46 @@ TEST_F(DaemonTest, CliAgainstARealDaemon) {
   EXPECT_EQ(d->Stop(), 0);
 }
 
+// `status --json` and `runs --json` are the HTTP API's answers (one renderer
+// for both faces), the CLI adding only the endpoint it asked.
+TEST_F(DaemonTest, CliJsonIsTheHttpJson) {
+  const std::string cli = std::string(OPGUARD_CLI_PATH) + " ";
+  auto d = StartDaemon();
+  const std::string at = " --daemon " + d->query();
+  BatchOptions o;
+  o.collectives_every = 10;
+  RankSender sender(d->ingest(), "same", 1, 5, 40, o);
+  ASSERT_TRUE(sender.Run(2, Clock::now() + 30s).ok());
+
+  auto status = testing::RunCommand(cli + "status --json" + at);
+  ASSERT_EQ(status.exit_code, 0) << status.output;
+  auto cli_status = nlohmann::json::parse(status.output);
+  auto http_status = nlohmann::json::parse(testing::HttpGet(d->http(), "/api/status")->body);
+  EXPECT_EQ(cli_status["healthy"], true);
+  EXPECT_EQ(cli_status["endpoint"], d->query());
+  EXPECT_EQ(cli_status["runs"], 1);
+  for (auto* j : {&cli_status, &http_status}) j->erase("uptime_s");  // seconds apart
+  cli_status.erase("endpoint");
+  EXPECT_EQ(cli_status, http_status);
+
+  auto runs = testing::RunCommand(cli + "runs --json" + at);
+  ASSERT_EQ(runs.exit_code, 0) << runs.output;
+  auto cli_runs = nlohmann::json::parse(runs.output);
+  EXPECT_EQ(cli_runs, nlohmann::json::parse(testing::HttpGet(d->http(), "/api/runs")->body));
+  const auto& run = cli_runs["runs"][0];
+  EXPECT_EQ(run["name"], "same");
+  EXPECT_EQ(run["ops"], 80);
+  EXPECT_TRUE(run["versions"].is_object()) << run;
+  EXPECT_TRUE(run["environment"].is_object()) << run;
+  const auto& rank = run["ranks"][0];
+  EXPECT_EQ(rank["rank"], 1);
+  EXPECT_EQ(rank["collectives"], 8);
+  EXPECT_EQ(rank["collective_gaps"], 0);
+  EXPECT_EQ(rank["batches"], 2);
+  EXPECT_EQ(rank["pid"], 1001);
+  EXPECT_EQ(d->Stop(), 0);
+}
+
 TEST_F(DaemonTest, RetentionRemovesOldRunsButNeverTheNewest) {
   auto d = StartDaemon({"--retention.max-age", "1s", "--retention.interval", "1s"});
   RankSender a(d->ingest(), "old", 0, 1, 10);

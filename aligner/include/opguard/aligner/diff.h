@@ -4,8 +4,9 @@
 // Daemon flow for `opguard diff REF SUSPECT`:
 //   1. each daemon, for each rank it holds: DiffRank(ref_trace, sus_trace, ctx)
 //      -> RankDiff (small: pivots, counts, per-communicator positions);
-//   2. it ships the RankDiff answers (RankDiffToJson) to the coordinator;
-//   3. the coordinator calls MergeRankDiffs(answers, expected_ranks), which
+//   2. it ships the RankDiff answers to the receiving daemon as FlatBuffers
+//      (wire::RankDiff, daemon's report_wire.h);
+//   3. the receiver calls MergeRankDiffs(answers, expected_ranks), which
 //      applies collective-aware causality and marks missing ranks `partial`.
 // All functions are pure and thread-compatible: call them from any thread,
 // several ranks in parallel if wanted.

@@ -18,10 +18,6 @@ nlohmann::json ToJson(const RankDiff& r);
 nlohmann::json ToJson(const CollectivesReport& r);
 nlohmann::json ToJson(const ReplicaReport& r);
 
-// The peer -> coordinator leg of a cluster diff: a RankDiff round-trips
-// through its JSON exactly (what MergeRankDiffs needs, and the views).
-Result<RankDiff> RankDiffFromJson(const nlohmann::json& j);
-
 std::string ToText(const DiffReport& r);
 std::string ToText(const CollectivesReport& r);
 std::string ToText(const ReplicaReport& r);

@@ -8,7 +8,8 @@
 namespace opguard::wire {
 
 inline constexpr uint16_t kSchemaMajor = 1;
-inline constexpr uint16_t kSchemaMinor = 3;  // 1: aligner queries; 2: OpRecord.replicated;
-                                             // 3: CollectivesAnswer.groups
+inline constexpr uint16_t kSchemaMinor = 4;  // 1: aligner queries; 2: OpRecord.replicated;
+                                             // 3: CollectivesAnswer.groups;
+                                             // 4: full run and status summaries
 
 }  // namespace opguard::wire

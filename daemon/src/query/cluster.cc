@@ -1,4 +1,4 @@
-#include "cluster.h"
+#include "query/cluster.h"
 
 #include <algorithm>
 #include <future>
@@ -7,12 +7,11 @@
 #include <set>
 #include <thread>
 
-#include "keys.h"
 #include "opguard/aligner/cross_rank.h"
 #include "opguard/aligner/diff.h"
 #include "opguard/daemon/client.h"
 #include "opguard/daemon/report_wire.h"
-#include "trace_source.h"
+#include "query/trace_source.h"
 
 namespace opguard::daemon {
 namespace {
@@ -137,6 +136,15 @@ const T* AnswerOf(const PeerCall& c, Result<Answer>& answer, Part& part) {
   return a;
 }
 
+// The peer's own entry of an answer's `nodes`, as this receiver saw the call.
+NodeInfo AnsweredNode(const PeerCall& c, const flatbuffers::Vector<Offset<wire::NodeAnswer>>* nodes) {
+  auto peer_nodes = NodesFromWire(nodes);
+  NodeInfo n = peer_nodes.empty() ? NodeInfo{} : peer_nodes.front();
+  n.endpoint = c.endpoint;
+  n.seconds = std::chrono::duration<double>(Clock::now() - c.started).count();
+  return n;
+}
+
 std::chrono::milliseconds PeerTimeout(uint32_t ms) {
   return ms == 0 ? kDefaultPeerTimeout : std::chrono::milliseconds(ms);
 }
@@ -149,6 +157,74 @@ struct DiffPart {
   std::vector<std::string> notes;
   std::vector<NodeInfo> nodes;
 };
+
+// The ranks this node diffs (held for both runs; only `rank` unless it is
+// negative). Adds the expected ranks, and a note for each rank held for one
+// run only, to `part`.
+std::vector<uint32_t> DiffRanksHere(const RunState& ref, const RunState& sus, int64_t rank,
+                                    const std::string& node, DiffPart* part) {
+  const uint32_t world = std::max(ref.world_size, sus.world_size);
+  std::map<uint32_t, RankState> present = ref.ranks;
+  present.insert(sus.ranks.begin(), sus.ranks.end());
+  if (rank >= 0) {
+    part->expected.insert(static_cast<uint32_t>(rank));
+  } else {
+    for (uint32_t r : ExpectedRanks(world, present)) part->expected.insert(r);
+  }
+  auto wanted = [rank](uint32_t r) { return rank < 0 || r == static_cast<uint32_t>(rank); };
+  std::vector<uint32_t> local;
+  for (const auto& [r, s] : sus.ranks) {
+    if (!wanted(r)) continue;
+    if (ref.ranks.count(r)) {
+      local.push_back(r);
+    } else {
+      part->notes.push_back("rank " + std::to_string(r) + ": " + node +
+                            " holds the suspect run's records but not the reference's");
+    }
+  }
+  for (const auto& [r, s] : ref.ranks) {
+    if (wanted(r) && !sus.ranks.count(r)) {
+      part->notes.push_back("rank " + std::to_string(r) + ": " + node +
+                            " holds the reference run's records but not the suspect's");
+    }
+  }
+  return local;
+}
+
+// Aligns `local` ranks of the two runs as stored here, into part->ranks.
+Status DiffHere(const Store& store, const RunState& ref, const RunState& sus,
+                const std::vector<uint32_t>& local, const wire::DiffRequest& q,
+                const std::atomic<bool>* cancel, DiffPart* part) {
+  std::map<uint32_t, std::vector<aligner::CollectiveEvent>> collectives;
+  if (!local.empty()) {
+    OPGUARD_ASSIGN_OR_RETURN(collectives, LoadCollectives(store, sus.id));
+  }
+  StoreDetails ref_details(&store, ref.id), sus_details(&store, sus.id);
+  StoreStrings ref_strings(&store, ref.id), sus_strings(&store, sus.id);
+  aligner::DiffContext ctx;
+  ctx.reference_details = &ref_details;
+  ctx.suspect_details = &sus_details;
+  ctx.reference_strings = &ref_strings;
+  ctx.suspect_strings = &sus_strings;
+  ctx.options.tolerate_gaps_older_than = q.tolerate_gaps_older_than();
+  for (uint32_t r : local) {
+    // One rank at a time: two traces of ~80 bytes per op in memory at most.
+    // The two runs' scans (read, decompress, verify, reduce to events) are
+    // independent: the reference's runs on a second thread.
+    auto ref_loading = std::async(std::launch::async, [&ref_details, r, cancel] {
+      return ref_details.LoadRank(r, cancel);
+    });
+    auto sus_loaded = sus_details.LoadRank(r, cancel);
+    auto ref_loaded = ref_loading.get();
+    OPGUARD_ASSIGN_OR_RETURN(auto ref_trace, std::move(ref_loaded));
+    OPGUARD_ASSIGN_OR_RETURN(auto sus_trace, std::move(sus_loaded));
+    if (auto it = collectives.find(r); it != collectives.end())
+      sus_trace.collectives = std::move(it->second);
+    OPGUARD_ASSIGN_OR_RETURN(auto d, aligner::DiffRank(ref_trace, sus_trace, ctx));
+    part->ranks.push_back(std::move(d));
+  }
+  return Status::Ok();
+}
 
 std::string DiffAnswerBytes(const DiffPart& part, const aligner::DiffReport& merged) {
   FlatBufferBuilder b(64 * 1024);
@@ -286,9 +362,9 @@ std::pair<aligner::DiffStatus, std::vector<uint32_t>> CollectivesVerdict(
 
 }  // namespace
 
-ClusterQueries::ClusterQueries(const Config& config, const Store* store, const Ingest* ingest,
+ClusterQueries::ClusterQueries(const Config& config, const Store* store, const RunRegistry* registry,
                                std::string node)
-    : config_(config), store_(store), ingest_(ingest), node_(std::move(node)) {}
+    : config_(config), store_(store), registry_(registry), node_(std::move(node)) {}
 
 Result<std::string> ClusterQueries::Diff(const wire::DiffRequest& q) {
   const std::string ref_name = Str(q.reference()), sus_name = Str(q.suspect());
@@ -307,66 +383,15 @@ Result<std::string> ClusterQueries::Diff(const wire::DiffRequest& q) {
   // This node's ranks, while the peers work on theirs.
   const auto started = Clock::now();
   DiffPart part;
-  auto ref = ingest_->FindRun(ref_name);
-  auto sus = ingest_->FindRun(sus_name);
+  auto ref = registry_->Find(ref_name);
+  auto sus = registry_->Find(sus_name);
   NodeInfo self;
   self.endpoint = config_.listen;
   self.node = node_;
   if (ref && sus) {
-    const uint32_t world = std::max(ref->world_size, sus->world_size);
-    std::map<uint32_t, RankState> present = ref->ranks;
-    present.insert(sus->ranks.begin(), sus->ranks.end());
-    if (q.rank() >= 0) {
-      part.expected.insert(static_cast<uint32_t>(q.rank()));
-    } else {
-      for (uint32_t r : ExpectedRanks(world, present)) part.expected.insert(r);
-    }
-    std::vector<uint32_t> local;
-    for (const auto& [r, s] : sus->ranks) {
-      if (q.rank() >= 0 && r != static_cast<uint32_t>(q.rank())) continue;
-      if (ref->ranks.count(r)) {
-        local.push_back(r);
-      } else {
-        part.notes.push_back("rank " + std::to_string(r) + ": " + node_ +
-                             " holds the suspect run's records but not the reference's");
-      }
-    }
-    for (const auto& [r, s] : ref->ranks) {
-      if (q.rank() >= 0 && r != static_cast<uint32_t>(q.rank())) continue;
-      if (!sus->ranks.count(r)) {
-        part.notes.push_back("rank " + std::to_string(r) + ": " + node_ +
-                             " holds the reference run's records but not the suspect's");
-      }
-    }
-    std::map<uint32_t, std::vector<aligner::CollectiveEvent>> collectives;
-    if (!local.empty()) {
-      OPGUARD_ASSIGN_OR_RETURN(collectives, LoadCollectives(*store_, sus->id));
-    }
-    StoreDetails ref_details(store_, ref->id), sus_details(store_, sus->id);
-    StoreStrings ref_strings(store_, ref->id), sus_strings(store_, sus->id);
-    aligner::DiffContext ctx;
-    ctx.reference_details = &ref_details;
-    ctx.suspect_details = &sus_details;
-    ctx.reference_strings = &ref_strings;
-    ctx.suspect_strings = &sus_strings;
-    ctx.options.tolerate_gaps_older_than = q.tolerate_gaps_older_than();
-    for (uint32_t r : local) {
-      // One rank at a time: two traces of ~80 bytes per op in memory at most.
-      // The two runs' scans (read, decompress, verify, reduce to events) are
-      // independent: the reference's runs on a second thread.
-      auto ref_loading = std::async(std::launch::async, [&ref_details, r, this] {
-        return ref_details.LoadRank(r, &cancel_);
-      });
-      auto sus_loaded = sus_details.LoadRank(r, &cancel_);
-      auto ref_loaded = ref_loading.get();
-      OPGUARD_ASSIGN_OR_RETURN(auto ref_trace, std::move(ref_loaded));
-      OPGUARD_ASSIGN_OR_RETURN(auto sus_trace, std::move(sus_loaded));
-      if (auto it = collectives.find(r); it != collectives.end())
-        sus_trace.collectives = std::move(it->second);
-      OPGUARD_ASSIGN_OR_RETURN(auto d, aligner::DiffRank(ref_trace, sus_trace, ctx));
-      part.ranks.push_back(std::move(d));
-      self.ranks.push_back(r);
-    }
+    const std::vector<uint32_t> local = DiffRanksHere(*ref, *sus, q.rank(), node_, &part);
+    OPGUARD_RETURN_IF_ERROR(DiffHere(*store_, *ref, *sus, local, q, &cancel_, &part));
+    self.ranks = local;
   } else if (!q.local_only()) {
     if (!ref && !sus) {
       part.notes.push_back(node_ + " holds neither run");
@@ -382,11 +407,7 @@ Result<std::string> ClusterQueries::Diff(const wire::DiffRequest& q) {
     auto answer = c.answer.get();
     const auto* a = AnswerOf<wire::DiffAnswer>(c, answer, part);
     if (a == nullptr) continue;
-    auto peer_nodes = NodesFromWire(a->nodes());
-    NodeInfo n = peer_nodes.empty() ? NodeInfo{} : peer_nodes.front();
-    n.endpoint = c.endpoint;
-    n.seconds = std::chrono::duration<double>(Clock::now() - c.started).count();
-    part.nodes.push_back(n);
+    part.nodes.push_back(AnsweredNode(c, a->nodes()));
     if (a->ranks()) {
       for (const auto* r : *a->ranks()) part.ranks.push_back(RankDiffFromWire(*r));
     }
@@ -425,7 +446,7 @@ Result<std::string> ClusterQueries::Collectives(const wire::CollectivesRequest& 
   NodeInfo self;
   self.endpoint = config_.listen;
   self.node = node_;
-  if (auto run = ingest_->FindRun(name)) {
+  if (auto run = registry_->Find(name)) {
     part.knows_run = true;
     for (uint32_t r : ExpectedRanks(run->world_size, run->ranks)) part.expected.insert(r);
     OPGUARD_ASSIGN_OR_RETURN(auto all, LoadCollectives(*store_, run->id));
@@ -446,18 +467,13 @@ Result<std::string> ClusterQueries::Collectives(const wire::CollectivesRequest& 
     OPGUARD_ASSIGN_OR_RETURN(auto comms, LoadCommunicators(*store_, run->id));
     for (auto& c : comms) part.communicators.emplace(c.id, std::move(c));
     OPGUARD_ASSIGN_OR_RETURN(part.gaps, LoadCollectiveGaps(*store_, run->id, local));
-    auto sites = store_->GetDefs(run->id, keys::kSiteKind, {site_ids.begin(), site_ids.end()});
     std::set<uint64_t> string_ids;
-    for (const auto& [id, value] : sites) {
-      if (value.size() != 20) continue;
-      aligner::StringResolver::Site s{keys::GetU64(value.data()), keys::GetU32(value.data() + 8),
-                                      keys::GetU64(value.data() + 12)};
+    for (const auto& [id, s] : store_->GetSites(run->id, {site_ids.begin(), site_ids.end()})) {
       string_ids.insert(s.file);
       string_ids.insert(s.function);
-      part.sites[id] = s;
+      part.sites[id] = {s.file, s.line, s.function};
     }
-    part.strings =
-        store_->GetDefs(run->id, keys::kStringKind, {string_ids.begin(), string_ids.end()});
+    part.strings = store_->GetStrings(run->id, {string_ids.begin(), string_ids.end()});
   } else if (!q.local_only()) {
     part.notes.push_back(node_ + " holds no records of run '" + name + "'");
   }
@@ -468,11 +484,7 @@ Result<std::string> ClusterQueries::Collectives(const wire::CollectivesRequest& 
     auto answer = c.answer.get();
     const auto* a = AnswerOf<wire::CollectivesAnswer>(c, answer, part);
     if (a == nullptr) continue;
-    auto peer_nodes = NodesFromWire(a->nodes());
-    NodeInfo n = peer_nodes.empty() ? NodeInfo{} : peer_nodes.front();
-    n.endpoint = c.endpoint;
-    n.seconds = std::chrono::duration<double>(Clock::now() - c.started).count();
-    part.nodes.push_back(n);
+    part.nodes.push_back(AnsweredNode(c, a->nodes()));
     anyone_knows = anyone_knows || (a->ranks() && a->ranks()->size() != 0);
     MergeCollectives(&part, *a);
   }
@@ -514,7 +526,7 @@ Result<std::string> ClusterQueries::Ranks(const wire::RanksRequest& q) {
   // Replicas held here are compared here, against the lowest of them.
   std::vector<aligner::ReplicaReport> groups;
   std::vector<std::string> group_nodes;
-  auto run = ingest_->FindRun(name);
+  auto run = registry_->Find(name);
   if (run && !replicas.empty()) {
     std::vector<uint32_t> held;
     for (uint32_t r : std::set<uint32_t>(replicas.begin(), replicas.end())) {
@@ -549,11 +561,7 @@ Result<std::string> ClusterQueries::Ranks(const wire::RanksRequest& q) {
     const auto* a = AnswerOf<wire::RanksAnswer>(c, answer, part);
     if (a == nullptr) continue;
     if (a->collectives()) {
-      auto peer_nodes = NodesFromWire(a->collectives()->nodes());
-      NodeInfo n = peer_nodes.empty() ? NodeInfo{} : peer_nodes.front();
-      n.endpoint = c.endpoint;
-      n.seconds = std::chrono::duration<double>(Clock::now() - c.started).count();
-      part.nodes.push_back(n);
+      part.nodes.push_back(AnsweredNode(c, a->collectives()->nodes()));
       anyone_knows =
           anyone_knows || (a->collectives()->ranks() && a->collectives()->ranks()->size() != 0);
       MergeCollectives(&part, *a->collectives());

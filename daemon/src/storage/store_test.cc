@@ -1,8 +1,7 @@
-#include "store.h"
+#include "storage/store.h"
 
 #include <gtest/gtest.h>
 
-#include "keys.h"
 #include "opguard/daemon/testing/batch_maker.h"
 
 namespace opguard::daemon {
@@ -22,11 +21,11 @@ TEST(Store, RegistryRoundTripsAndDeleteRemovesEverything) {
   {
     auto store = Store::Open(config);
     ASSERT_TRUE(store.ok()) << store.status().message();
-    rocksdb::WriteBatch wb;
-    wb.Put((*store)->cf(Cf::kMeta), keys::MetaRunKey("r1"), RunMetaToJson(run).dump());
-    wb.Put((*store)->cf(Cf::kMeta), keys::MetaRankKey(3, 0), RankToJson(run.ranks[0]).dump());
-    for (uint64_t i = 0; i < 5; ++i) wb.Put((*store)->cf(Cf::kOps), keys::OpKey(3, 0, 0, i), "v");
-    wb.Put((*store)->cf(Cf::kOps), keys::OpKey(4, 0, 0, 0), "other run");
+    StoreBatch wb(store->get());
+    wb.PutRunMeta(run);
+    wb.PutRank(3, 0, run.ranks[0]);
+    for (uint64_t i = 0; i < 5; ++i) wb.PutOpChunk(3, 0, 0, i, "v");
+    wb.PutOpChunk(4, 0, 0, 0, "other run");
     ASSERT_TRUE((*store)->Write(&wb, true).ok());
     ASSERT_TRUE((*store)->Close().ok());
   }
@@ -49,8 +48,8 @@ TEST(Store, RegistryRoundTripsAndDeleteRemovesEverything) {
   EXPECT_EQ(n, 3);
   EXPECT_TRUE(more);
 
-  rocksdb::WriteBatch wb;
-  (*store)->AddDeleteRun(&wb, loaded);
+  StoreBatch wb(store->get());
+  wb.DeleteRun(loaded);
   ASSERT_TRUE((*store)->Write(&wb, true).ok());
   (*store)->CompactRun(3);
   n = 0;
@@ -80,7 +79,6 @@ TEST(Store, DeletingARunGivesItsBlobFilesBack) {
   config.data_dir = dir.path() + "/data";
   auto store = Store::Open(config);
   ASSERT_TRUE(store.ok());
-  auto* ops = (*store)->cf(Cf::kOps);
   // Above min_blob_size and incompressible: stored in a blob file.
   std::string chunk(8192, '\0');
   uint64_t x = 88172645463325252ull;
@@ -88,26 +86,26 @@ TEST(Store, DeletingARunGivesItsBlobFilesBack) {
     x ^= x << 13, x ^= x >> 7, x ^= x << 17;
     c = static_cast<char>(x);
   }
-  rocksdb::WriteBatch wb;
+  StoreBatch wb(store->get());
   for (uint64_t run : {5, 6}) {
     for (uint64_t i = 0; i < 64; ++i) {
       chunk[i] = static_cast<char>(run);
-      wb.Put(ops, keys::OpKey(run, 0, 0, i), chunk + std::to_string(run));
+      wb.PutOpChunk(run, 0, 0, i, chunk + std::to_string(run));
     }
   }
   ASSERT_TRUE((*store)->Write(&wb, true).ok());
-  ASSERT_TRUE((*store)->db()->Flush(rocksdb::FlushOptions(), ops).ok());
-  uint64_t before = 0, after = 0;
-  ASSERT_TRUE((*store)->db()->GetIntProperty(ops, "rocksdb.live-blob-file-size", &before));
+  ASSERT_TRUE((*store)->Flush().ok());
+  // Only the ops column family stores blobs.
+  const uint64_t before = (*store)->IntProperty("rocksdb.live-blob-file-size");
   EXPECT_GT(before, 64u * 8192);
   RunState run;
   run.id = 5;
   run.name = "five";
-  rocksdb::WriteBatch del;
-  (*store)->AddDeleteRun(&del, run);
+  StoreBatch del(store->get());
+  del.DeleteRun(run);
   ASSERT_TRUE((*store)->Write(&del, true).ok());
   (*store)->CompactRun(5);
-  ASSERT_TRUE((*store)->db()->GetIntProperty(ops, "rocksdb.live-blob-file-size", &after));
+  const uint64_t after = (*store)->IntProperty("rocksdb.live-blob-file-size");
   // Run 6 shared the blob file; its blobs were relocated, run 5's are gone.
   EXPECT_LT(after, before * 3 / 4);
   int n = 0;

@@ -1,4 +1,4 @@
-#include "ingest.h"
+#include "ingest/ingest.h"
 
 #include <pthread.h>
 #include <sys/eventfd.h>
@@ -7,10 +7,8 @@
 
 #include <filesystem>
 
-#include "keys.h"
 #include "opguard/common/log.h"
 #include "opguard/idl/envelope.h"
-#include "record_copy.h"
 
 namespace opguard::daemon {
 namespace {
@@ -48,22 +46,6 @@ std::vector<std::pair<std::string, std::string>> Pairs(
   return out;
 }
 
-// ops key without a heap allocation: run(8) | rank(4) | lane(4) | op_index(8).
-void EncodeOpKey(char* out, uint64_t run, uint32_t rank, uint32_t lane, uint64_t op) {
-  auto put32 = [](char* p, uint32_t v) {
-    p[0] = static_cast<char>(v >> 24);
-    p[1] = static_cast<char>(v >> 16);
-    p[2] = static_cast<char>(v >> 8);
-    p[3] = static_cast<char>(v);
-  };
-  put32(out, static_cast<uint32_t>(run >> 32));
-  put32(out + 4, static_cast<uint32_t>(run));
-  put32(out + 8, rank);
-  put32(out + 12, lane);
-  put32(out + 16, static_cast<uint32_t>(op >> 32));
-  put32(out + 20, static_cast<uint32_t>(op));
-}
-
 }  // namespace
 
 struct Ingest::PendingAck {
@@ -76,17 +58,19 @@ struct Ingest::PendingAck {
 };
 
 struct Ingest::Group {
-  rocksdb::WriteBatch batch;
+  explicit Group(const Store* store) : batch(store) {}
+
+  StoreBatch batch;
   std::vector<PendingAck> acks;
   size_t duplicates = 0;
   std::vector<RunState> publish;            // durable state of runs this group touched
   std::vector<DeleteRequest> deletes;
   Status result;
   // Metrics to add once durable.
-  uint64_t ops = 0, collectives = 0, strings = 0, sites = 0, sources = 0, steps = 0;
-  uint64_t gap_notices = 0, gap_records = 0, bytes = 0;
+  RecordCounts records;
+  uint64_t bytes = 0;
 
-  bool Empty() const { return acks.empty() && deletes.empty() && batch.Count() == 0; }
+  bool Empty() const { return acks.empty() && deletes.empty() && batch.count() == 0; }
   // Ready for reuse, keeping the capacity of the WriteBatch and the vectors
   // (a fresh group would page-fault its way up to the same size again).
   void Reset() {
@@ -96,17 +80,19 @@ struct Ingest::Group {
     publish.clear();
     deletes.clear();
     result = Status::Ok();
-    ops = collectives = strings = sites = sources = steps = 0;
-    gap_notices = gap_records = bytes = 0;
+    records = RecordCounts();
+    bytes = 0;
   }
 };
 
-Ingest::Ingest(const Config& config, Store* store, Metrics* metrics, zmq::context_t* context)
+Ingest::Ingest(const Config& config, Store* store, RunRegistry* registry, Metrics* metrics,
+               zmq::context_t* context)
     : config_(config),
       store_(store),
+      registry_(registry),
       metrics_(metrics),
       context_(context),
-      chunk_codec_(ChunkCodecByName(config.compression)) {}
+      writer_(ChunkCodecByName(config.compression)) {}
 
 Ingest::~Ingest() {
   Stop();
@@ -116,7 +102,7 @@ Ingest::~Ingest() {
 Status Ingest::Start() {
   OPGUARD_RETURN_IF_ERROR(store_->LoadRegistry(&working_, &next_run_id_));
   for (const auto& [name, run] : working_) id_to_name_[run.id] = name;
-  published_ = working_;
+  registry_->Reset(working_);
 
   wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake_fd_ < 0) return Internal("eventfd failed");
@@ -145,7 +131,7 @@ Status Ingest::Start() {
   if (!ipc_path.empty() && ::chmod(ipc_path.c_str(), config_.ingest_socket_mode) != 0) {
     OPGUARD_LOG(LogLevel::kWarn, "cannot chmod ingest socket " + ipc_path);
   }
-  open_ = std::make_unique<Group>();
+  open_ = std::make_unique<Group>(store_);
   receiver_beat_ns_ = SteadyNs();
   committer_ = std::thread([this] { CommitterLoop(); });
   receiver_ = std::thread([this] { ReceiverLoop(); });
@@ -182,7 +168,7 @@ void Ingest::ReceiverLoop() {
   while (true) {
     receiver_beat_ns_ = SteadyNs();
     const bool stopping = stop_.load();
-    const bool full = open_->batch.GetDataSize() >= config_.max_group_bytes;
+    const bool full = open_->batch.bytes() >= config_.max_group_bytes;
     zmq::pollitem_t items[2] = {{nullptr, wake_fd_, ZMQ_POLLIN, 0},
                                 {static_cast<void*>(*socket_), 0, ZMQ_POLLIN, 0}};
     // Backpressure: a full group stops reading until the committer is free.
@@ -201,7 +187,7 @@ void Ingest::ReceiverLoop() {
     HandleDeleteRequests();
     if (nitems == 2 && (items[1].revents & ZMQ_POLLIN)) {
       // Read a bounded burst, then go round to keep commits flowing.
-      for (int i = 0; i < 256 && open_->batch.GetDataSize() < config_.max_group_bytes; ++i) {
+      for (int i = 0; i < 256 && open_->batch.bytes() < config_.max_group_bytes; ++i) {
         frames.clear();
         zmq::recv_result_t got;
         try {
@@ -272,7 +258,7 @@ void Ingest::HandleMessage(std::vector<zmq::message_t>& frames) {
     return Reject(ack, RejectReason::kInvalidBatch,
                   "invalid run name (1..200 printable bytes without '/', '?', '#', '%', '\\' or spaces)");
   }
-  ApplyBatch(static_cast<const uint8_t*>(data), batch, size, ack);
+  ApplyBatch(static_cast<const uint8_t*>(data), *batch, size, ack);
 }
 
 void Ingest::Reject(PendingAck& ack, RejectReason reason, const std::string& error) {
@@ -309,209 +295,107 @@ void Ingest::SendAck(PendingAck& ack, bool durable, const std::string& error) {
   }
 }
 
-void Ingest::ApplyBatch(const uint8_t* buffer, const void* batch_ptr, size_t bytes,
-                        PendingAck& ack) {
-  const auto* batch = static_cast<const wire::Batch*>(batch_ptr);
-  Group& g = *open_;
-  const uint64_t now = WallNs();
-  const std::string& name = ack.run;
+// ---- one batch, step by step (receiver thread) -------------------------------
 
-  auto found = working_.find(name);
-  if (found == working_.end()) {
-    RunState run;
-    run.id = next_run_id_++;
-    run.name = name;
-    run.created_ns = now;
-    run.start_ns = now;
-    std::string next;
-    keys::PutU64(&next, next_run_id_);
-    g.batch.Put(store_->cf(Cf::kMeta), keys::MetaNextIdKey(), next);
-    found = working_.emplace(name, std::move(run)).first;
-    id_to_name_[found->second.id] = name;
-    dirty_meta_.insert(found->second.id);
-  }
-  RunState& run = found->second;
-  RankState& rank = run.ranks[batch->rank()];
-  SessionState& session = rank.sessions[batch->session()];
-  if (session.Applied(batch->seq())) {
-    // A resend of a batch already applied: change nothing. If it is already
-    // durable, ack at once (a shim that resends because acks are slow must not
-    // make them slower); otherwise ack with this group, which commits after
-    // the group holding the original. The receiver is the only writer of
-    // published_, so reading it here needs no lock.
-    auto durable = published_.find(name);
-    if (durable != published_.end() && durable->second.id == run.id) {
-      auto r = durable->second.ranks.find(batch->rank());
-      if (r != durable->second.ranks.end()) {
-        auto s = r->second.sessions.find(batch->session());
-        if (s != r->second.sessions.end() && s->second.Applied(batch->seq())) {
-          metrics_->batches_duplicate.fetch_add(1, std::memory_order_relaxed);
-          SendAck(ack, true, "");
-          return;
-        }
-      }
-    }
-    ++g.duplicates;
-    g.acks.push_back(std::move(ack));
-    return;
-  }
-  session.Mark(batch->seq());
+void Ingest::ApplyBatch(const uint8_t* buffer, const wire::Batch& batch, size_t bytes,
+                        PendingAck& ack) {
+  const uint64_t now = WallNs();
+  RunState& run = WorkingRun(ack.run, now);
+  RankState& rank = run.ranks[batch.rank()];
+  SessionState& session = rank.sessions[batch.session()];
+  if (session.Applied(batch.seq())) return AckResend(run, batch, ack);
+  session.Mark(batch.seq());
   session.last_ns = now;
   rank.TrimSessions();
-  const uint64_t run_id = run.id;
-  const uint32_t r = batch->rank();
+  if (const auto* a = batch.announce()) ApplyAnnounce(*a, &run, &rank);
+  const RecordCounts records = writer_.Write(batch, buffer, bytes, run.id, &open_->batch);
+  CountBatch(records, bytes, now, batch, &rank);
+  dirty_ranks_[run.id].insert(batch.rank());
+  open_->acks.push_back(std::move(ack));
+}
 
-  if (const auto* a = batch->announce()) {
-    if (a->node()) rank.node = a->node()->str();
-    rank.local_rank = a->local_rank();
-    rank.pid = a->pid();
-    bool changed = false;
-    if (run.job_id.empty() && a->job_id() && a->job_id()->size()) run.job_id = a->job_id()->str(), changed = true;
-    if (run.world_size == 0 && a->world_size()) run.world_size = a->world_size(), changed = true;
-    if (run.framework.empty() && a->framework() && a->framework()->size()) run.framework = a->framework()->str(), changed = true;
-    if (run.determinism.empty() && a->determinism() && a->determinism()->size()) run.determinism = Pairs(a->determinism()), changed = true;
-    if (run.versions.empty() && a->versions() && a->versions()->size()) run.versions = Pairs(a->versions()), changed = true;
-    if (run.environment.empty() && a->environment() && a->environment()->size()) run.environment = Pairs(a->environment()), changed = true;
-    if (a->start_ns() != 0 && (run.start_ns == run.created_ns || a->start_ns() < run.start_ns)) {
-      run.start_ns = a->start_ns();
-      changed = true;
-    }
-    if (changed) dirty_meta_.insert(run_id);
-  }
+// The working state of run `name`, created (with a fresh id, persisted in
+// the open group) on its first batch.
+RunState& Ingest::WorkingRun(const std::string& name, uint64_t now) {
+  auto found = working_.find(name);
+  if (found != working_.end()) return found->second;
+  RunState run;
+  run.id = next_run_id_++;
+  run.name = name;
+  run.created_ns = now;
+  run.start_ns = now;
+  open_->batch.PutNextRunId(next_run_id_);
+  found = working_.emplace(name, std::move(run)).first;
+  id_to_name_[found->second.id] = name;
+  dirty_meta_.insert(found->second.id);
+  return found->second;
+}
 
-  auto* strings_cf = store_->cf(Cf::kStrings);
-  if (const auto* v = batch->strings()) {
-    for (const auto* s : *v) {
-      if (s->text() == nullptr) continue;
-      g.batch.Put(strings_cf, keys::DefKey(run_id, keys::kStringKind, s->id()),
-                  rocksdb::Slice(s->text()->data(), s->text()->size()));
-      ++g.strings;
-    }
-  }
-  if (const auto* v = batch->sites()) {
-    for (const auto* s : *v) {
-      std::string value;
-      keys::PutU64(&value, s->file());
-      keys::PutU32(&value, s->line());
-      keys::PutU64(&value, s->function());
-      g.batch.Put(strings_cf, keys::DefKey(run_id, keys::kSiteKind, s->id()), value);
-      ++g.sites;
-    }
-  }
-  flatbuffers::FlatBufferBuilder fbb(1024);
-  if (const auto* v = batch->communicators()) {
-    for (const auto* c : *v) {
-      fbb.Clear();
-      fbb.Finish(CopyCommunicatorDef(fbb, c));
-      g.batch.Put(strings_cf, keys::DefKey(run_id, keys::kCommunicatorKind, c->id()),
-                  rocksdb::Slice(reinterpret_cast<const char*>(fbb.GetBufferPointer()), fbb.GetSize()));
-    }
-  }
-  if (const auto* v = batch->ops()) {
-    // Consecutive records of one lane go into one chunk value, keyed by its
-    // last op_index (docs/storage.md). Chunking depends only on the batch's
-    // content, so a resent batch rewrites exactly the same keys.
-    auto* cf = store_->cf(Cf::kOps);
-    char key[24];
-    auto put_chunk = [&](uint32_t lane, OpChunkWriter& w) {
-      if (w.empty()) return;
-      EncodeOpKey(key, run_id, r, lane, w.last_op());
-      const std::string_view value = w.Finish(chunk_codec_);
-      g.batch.Put(cf, rocksdb::Slice(key, sizeof key), rocksdb::Slice(value.data(), value.size()));
-      w.Clear();
-    };
-    // One open chunk per lane of this batch (lanes are few; usually one).
-    size_t open_lanes = 0;
-    for (const auto* op : *v) {
-      const uint32_t lane = op->lane();
-      size_t i = 0;
-      while (i < open_lanes && chunk_lanes_[i] != lane) ++i;
-      if (i == open_lanes) {
-        if (open_lanes == chunks_.size()) chunks_.emplace_back();
-        if (chunk_lanes_.size() <= open_lanes) chunk_lanes_.resize(open_lanes + 1);
-        chunk_lanes_[i] = lane;
-        ++open_lanes;
-      }
-      OpChunkWriter& w = chunks_[i];
-      if (!w.Accepts(op->op_index())) put_chunk(lane, w);
-      // The record's own bytes when they form one compact span (any batch
-      // the shim encodes), else a rebuilt copy.
-      if (!AddOpRecordBytes(&w, buffer, bytes, op)) {
-        fbb.Clear();
-        fbb.Finish(CopyOpRecord(fbb, op));
-        w.Add(op->op_index(), fbb.GetBufferPointer(), fbb.GetSize());
-      }
-    }
-    for (size_t i = 0; i < open_lanes; ++i) put_chunk(chunk_lanes_[i], chunks_[i]);
-    rank.ops += v->size();
-    g.ops += v->size();
-  }
-  if (const auto* v = batch->collectives()) {
-    auto* cf = store_->cf(Cf::kCollectives);
-    for (const auto* c : *v) {
-      fbb.Clear();
-      fbb.Finish(CopyCollectiveRecord(fbb, c));
-      g.batch.Put(cf, keys::CollectiveKey(run_id, c->communicator(), c->seq(), r,
-                                          static_cast<uint8_t>(c->phase())),
-                  rocksdb::Slice(reinterpret_cast<const char*>(fbb.GetBufferPointer()), fbb.GetSize()));
-      if (c->phase() == wire::CollectivePhase::Completed) {
-        ++rank.collectives;
-        ++g.collectives;
+// A resend of a batch already applied: change nothing. If it is already
+// durable, ack at once (a shim that resends because acks are slow must not
+// make them slower); otherwise ack with this group, which commits after the
+// group holding the original. The receiver is the registry's only writer, so
+// reading it here needs no lock.
+void Ingest::AckResend(const RunState& run, const wire::Batch& batch, PendingAck& ack) {
+  const auto& durable = registry_->Writer();
+  if (auto d = durable.find(run.name); d != durable.end() && d->second.id == run.id) {
+    if (auto r = d->second.ranks.find(batch.rank()); r != d->second.ranks.end()) {
+      auto s = r->second.sessions.find(batch.session());
+      if (s != r->second.sessions.end() && s->second.Applied(batch.seq())) {
+        metrics_->batches_duplicate.fetch_add(1, std::memory_order_relaxed);
+        SendAck(ack, true, "");
+        return;
       }
     }
   }
-  auto* events_cf = store_->cf(Cf::kEvents);
-  if (const auto* v = batch->steps()) {
-    for (const auto* s : *v) {
-      std::string value;
-      keys::PutU64(&value, s->op_index());
-      keys::PutU64(&value, s->time_ns());
-      g.batch.Put(events_cf, keys::EventKey(run_id, r, keys::kStepKind, s->lane(), s->step()), value);
-    }
-    rank.steps += v->size();
-    g.steps += v->size();
+  ++open_->duplicates;
+  open_->acks.push_back(std::move(ack));
+}
+
+// Who the rank is, and the run's metadata: the first non-empty value of each
+// field wins, the earliest start time wins.
+void Ingest::ApplyAnnounce(const wire::RunAnnounce& a, RunState* run, RankState* rank) {
+  if (a.node()) rank->node = a.node()->str();
+  rank->local_rank = a.local_rank();
+  rank->pid = a.pid();
+  bool changed = false;
+  auto set_string = [&changed](std::string* field, const flatbuffers::String* v) {
+    if (field->empty() && v && v->size()) *field = v->str(), changed = true;
+  };
+  auto set_pairs = [&changed](std::vector<std::pair<std::string, std::string>>* field,
+                              const flatbuffers::Vector<flatbuffers::Offset<wire::KeyValue>>* v) {
+    if (field->empty() && v && v->size()) *field = Pairs(v), changed = true;
+  };
+  set_string(&run->job_id, a.job_id());
+  if (run->world_size == 0 && a.world_size()) run->world_size = a.world_size(), changed = true;
+  set_string(&run->framework, a.framework());
+  set_pairs(&run->determinism, a.determinism());
+  set_pairs(&run->versions, a.versions());
+  set_pairs(&run->environment, a.environment());
+  if (a.start_ns() != 0 && (run->start_ns == run->created_ns || a.start_ns() < run->start_ns)) {
+    run->start_ns = a.start_ns();
+    changed = true;
   }
-  if (const auto* v = batch->gaps()) {
-    for (const auto* gap : *v) {
-      fbb.Clear();
-      fbb.Finish(CopyGapNotice(fbb, gap));
-      std::string key;
-      if (gap->communicator() != 0) {
-        // A gap of collective records: run | rank | 'G' | communicator | first_seq.
-        key = keys::RunBegin(run_id);
-        keys::PutU32(&key, r);
-        key.push_back(keys::kCollectiveGapKind);
-        keys::PutU64(&key, gap->communicator());
-        keys::PutU64(&key, gap->first_seq());
-        rank.collective_gap_records += gap->records_dropped();
-      } else {
-        key = keys::EventKey(run_id, r, keys::kGapKind, gap->lane(), gap->first_op());
-        rank.gap_records += gap->records_dropped();
-      }
-      g.batch.Put(events_cf, key,
-                  rocksdb::Slice(reinterpret_cast<const char*>(fbb.GetBufferPointer()), fbb.GetSize()));
-      ++rank.gap_notices;
-      ++g.gap_notices;
-      g.gap_records += gap->records_dropped();
-    }
-  }
-  if (const auto* v = batch->sources()) {
-    auto* cf = store_->cf(Cf::kSources);
-    for (const auto* s : *v) {
-      if (s->content() == nullptr) continue;
-      g.batch.Put(cf, keys::SourceKey(run_id, s->file()),
-                  rocksdb::Slice(reinterpret_cast<const char*>(s->content()->data()), s->content()->size()));
-      ++g.sources;
-    }
-  }
-  if (batch->end_of_run()) rank.ended = true;
-  ++rank.batches;
-  rank.bytes += bytes;
-  if (rank.first_ns == 0) rank.first_ns = now;
-  rank.last_ns = now;
-  g.bytes += bytes;
-  dirty_ranks_[run_id].insert(r);
-  g.acks.push_back(std::move(ack));
+  if (changed) dirty_meta_.insert(run->id);
+}
+
+// The rank's counters (persisted with the group) and the group's (added to
+// the metrics once durable).
+void Ingest::CountBatch(const RecordCounts& records, size_t bytes, uint64_t now,
+                        const wire::Batch& batch, RankState* rank) {
+  rank->ops += records.ops;
+  rank->collectives += records.collectives;
+  rank->steps += records.steps;
+  rank->gap_records += records.op_gap_records;
+  rank->collective_gap_records += records.collective_gap_records;
+  rank->gap_notices += records.gap_notices;
+  if (batch.end_of_run()) rank->ended = true;
+  ++rank->batches;
+  rank->bytes += bytes;
+  if (rank->first_ns == 0) rank->first_ns = now;
+  rank->last_ns = now;
+  open_->records += records;
+  open_->bytes += bytes;
 }
 
 void Ingest::HandleDeleteRequests() {
@@ -526,7 +410,7 @@ void Ingest::HandleDeleteRequests() {
       request.done->set_value(NotFound("no run named '" + request.name + "'"));
       continue;
     }
-    store_->AddDeleteRun(&open_->batch, found->second);
+    open_->batch.DeleteRun(found->second);
     request.run_id = found->second.id;
     dirty_ranks_.erase(request.run_id);
     dirty_meta_.erase(request.run_id);
@@ -538,17 +422,11 @@ void Ingest::HandleDeleteRequests() {
 
 void Ingest::SealAndHandOff() {
   Group& g = *open_;
-  auto* meta = store_->cf(Cf::kMeta);
   std::set<uint64_t> touched(dirty_meta_.begin(), dirty_meta_.end());
-  for (uint64_t id : dirty_meta_) {
-    const RunState& run = working_.at(id_to_name_.at(id));
-    g.batch.Put(meta, keys::MetaRunKey(run.name), RunMetaToJson(run).dump());
-  }
+  for (uint64_t id : dirty_meta_) g.batch.PutRunMeta(working_.at(id_to_name_.at(id)));
   for (const auto& [id, ranks] : dirty_ranks_) {
     const RunState& run = working_.at(id_to_name_.at(id));
-    for (uint32_t rank : ranks) {
-      g.batch.Put(meta, keys::MetaRankKey(id, rank), RankToJson(run.ranks.at(rank)).dump());
-    }
+    for (uint32_t rank : ranks) g.batch.PutRank(id, rank, run.ranks.at(rank));
     touched.insert(id);
   }
   for (uint64_t id : touched) g.publish.push_back(working_.at(id_to_name_.at(id)));
@@ -563,7 +441,7 @@ void Ingest::SealAndHandOff() {
   if (spare_) {
     open_ = std::move(spare_);
   } else {
-    open_ = std::make_unique<Group>();
+    open_ = std::make_unique<Group>(store_);
   }
 }
 
@@ -586,26 +464,23 @@ void Ingest::DrainCommitted() {
       for (auto& d : group->deletes) d.done->set_value(group->result);
       continue;
     }
-    {
-      std::unique_lock<std::shared_mutex> lock(published_mu_);
-      for (const auto& d : group->deletes) {
-        auto it = published_.find(d.name);
-        if (it != published_.end() && it->second.id == d.run_id) published_.erase(it);
-      }
-      for (auto& run : group->publish) published_[run.name] = std::move(run);
-    }
+    std::vector<std::pair<std::string, uint64_t>> deleted;
+    for (const auto& d : group->deletes) deleted.emplace_back(d.name, d.run_id);
+    registry_->Publish(&group->publish, deleted);
     // Counters first: a sender that has its ack may ask for them at once.
     const size_t fresh = group->acks.size() - group->duplicates;
     metrics_->batches_durable.fetch_add(fresh, std::memory_order_relaxed);
     metrics_->batches_duplicate.fetch_add(group->duplicates, std::memory_order_relaxed);
-    metrics_->ops.fetch_add(group->ops, std::memory_order_relaxed);
-    metrics_->collectives.fetch_add(group->collectives, std::memory_order_relaxed);
-    metrics_->strings.fetch_add(group->strings, std::memory_order_relaxed);
-    metrics_->sites.fetch_add(group->sites, std::memory_order_relaxed);
-    metrics_->sources.fetch_add(group->sources, std::memory_order_relaxed);
-    metrics_->steps.fetch_add(group->steps, std::memory_order_relaxed);
-    metrics_->gap_notices.fetch_add(group->gap_notices, std::memory_order_relaxed);
-    metrics_->gap_records.fetch_add(group->gap_records, std::memory_order_relaxed);
+    const RecordCounts& n = group->records;
+    metrics_->ops.fetch_add(n.ops, std::memory_order_relaxed);
+    metrics_->collectives.fetch_add(n.collectives, std::memory_order_relaxed);
+    metrics_->strings.fetch_add(n.strings, std::memory_order_relaxed);
+    metrics_->sites.fetch_add(n.sites, std::memory_order_relaxed);
+    metrics_->sources.fetch_add(n.sources, std::memory_order_relaxed);
+    metrics_->steps.fetch_add(n.steps, std::memory_order_relaxed);
+    metrics_->gap_notices.fetch_add(n.gap_notices, std::memory_order_relaxed);
+    metrics_->gap_records.fetch_add(n.op_gap_records + n.collective_gap_records,
+                                    std::memory_order_relaxed);
     metrics_->bytes_received.fetch_add(group->bytes, std::memory_order_relaxed);
     metrics_->commit_batches.fetch_add(group->acks.size(), std::memory_order_relaxed);
     for (auto& ack : group->acks) SendAck(ack, true, "");
@@ -665,26 +540,6 @@ Status Ingest::DeleteRun(const std::string& name, std::chrono::milliseconds time
     return Unavailable("deleting run '" + name + "' did not finish in time (still in progress)");
   }
   return future.get();
-}
-
-std::vector<RunState> Ingest::Runs() const {
-  std::shared_lock<std::shared_mutex> lock(published_mu_);
-  std::vector<RunState> out;
-  out.reserve(published_.size());
-  for (const auto& [name, run] : published_) out.push_back(run);
-  return out;
-}
-
-std::optional<RunState> Ingest::FindRun(const std::string& name) const {
-  std::shared_lock<std::shared_mutex> lock(published_mu_);
-  auto it = published_.find(name);
-  if (it == published_.end()) return std::nullopt;
-  return it->second;
-}
-
-size_t Ingest::RunCount() const {
-  std::shared_lock<std::shared_mutex> lock(published_mu_);
-  return published_.size();
 }
 
 bool Ingest::Healthy(std::chrono::seconds stall) const {

@@ -15,6 +15,8 @@
 // Everything here is a read of a consistent RocksDB view at call time; a run
 // still being written is read as far as it is durable. Called from the
 // aligner worker threads; objects are used by one thread at a time.
+//
+// Private to the query room (cluster.cc; tests).
 #pragma once
 
 #include <rocksdb/iterator.h>
@@ -31,8 +33,8 @@
 #include "opguard/aligner/trace.h"
 #include "opguard/common/status.h"
 #include "opguard/idl/envelope.h"
-#include "record_copy.h"
-#include "store.h"
+#include "storage/op_chunk.h"
+#include "storage/store.h"
 
 namespace opguard::daemon {
 

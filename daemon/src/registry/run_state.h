@@ -1,11 +1,11 @@
-// The run registry: what the daemon knows about each run and rank, kept in
-// memory and persisted in the meta column family (JSON values, written in the
-// same WriteBatch as the records they count, so counters and data can never
-// disagree after a crash).
+// What the daemon knows about each run and rank: plain values, no locking.
+// Ingest keeps a working copy (ahead of the disk by at most one group
+// commit) and publishes the durable state to the RunRegistry
+// (run_registry.h); the storage room persists them in the meta column
+// family (storage/meta_values.h), in the same WriteBatch as the records they
+// count, so counters and data can never disagree after a crash.
 //
-// Two copies exist: the ingest thread's working copy (ahead of the disk by at
-// most one group commit) and the published copy queries read (only durable
-// state). The structs are plain values; the owners do the locking.
+// May be included by every room of the daemon: it depends on nothing.
 #pragma once
 
 #include <cstdint>
@@ -13,10 +13,6 @@
 #include <set>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
-
-#include "opguard/common/status.h"
 
 namespace opguard::daemon {
 
@@ -67,11 +63,5 @@ struct RunState {
 
   uint64_t LastNs() const;        // latest record of any rank
 };
-
-nlohmann::json RankToJson(const RankState& r);
-RankState RankFromJson(const nlohmann::json& j);
-// Run metadata without ranks (ranks are stored under their own keys).
-nlohmann::json RunMetaToJson(const RunState& r);
-RunState RunMetaFromJson(const nlohmann::json& j);
 
 }  // namespace opguard::daemon

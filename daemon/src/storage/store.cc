@@ -1,4 +1,4 @@
-#include "store.h"
+#include "storage/store.h"
 
 #include <rocksdb/cache.h>
 #include <rocksdb/convenience.h>
@@ -10,9 +10,10 @@
 #include <algorithm>
 #include <filesystem>
 
-#include "keys.h"
 #include "opguard/common/log.h"
-#include "record_copy.h"
+#include "storage/keys.h"
+#include "storage/meta_values.h"
+#include "storage/op_chunk.h"
 
 namespace opguard::daemon {
 namespace {
@@ -163,14 +164,18 @@ Result<std::unique_ptr<Store>> Store::Open(const Config& config) {
 
 Store::~Store() { (void)Close(); }
 
-Status Store::Close() {
-  if (closed_ || !db_) return Status::Ok();
-  closed_ = true;
+Status Store::Flush() {
   rocksdb::FlushOptions flush;
   flush.wait = true;
   std::vector<rocksdb::ColumnFamilyHandle*> all(handles_.begin(), handles_.end());
-  auto fs = db_->Flush(flush, all);
-  if (!fs.ok()) OPGUARD_LOG(LogLevel::kWarn, "store: flush at close failed: " + fs.ToString());
+  return FromRocks(db_->Flush(flush, all), "store flush");
+}
+
+Status Store::Close() {
+  if (closed_ || !db_) return Status::Ok();
+  closed_ = true;
+  auto fs = Flush();
+  if (!fs.ok()) OPGUARD_LOG(LogLevel::kWarn, "store: flush at close failed: " + fs.message());
   for (auto* h : handles_) db_->DestroyColumnFamilyHandle(h);
   handles_.fill(nullptr);
   auto s = db_->Close();
@@ -178,10 +183,10 @@ Status Store::Close() {
   return FromRocks(s, "store close");
 }
 
-Status Store::Write(rocksdb::WriteBatch* batch, bool sync) {
+Status Store::Write(StoreBatch* batch, bool sync) {
   rocksdb::WriteOptions options;
   options.sync = sync;
-  return FromRocks(db_->Write(options, batch), "store write");
+  return FromRocks(db_->Write(options, &batch->batch_), "store write");
 }
 
 Status Store::LoadRegistry(std::map<std::string, RunState>* runs, uint64_t* next_id) {
@@ -218,17 +223,6 @@ Status Store::LoadRegistry(std::map<std::string, RunState>* runs, uint64_t* next
   return Status::Ok();
 }
 
-void Store::AddDeleteRun(rocksdb::WriteBatch* batch, const RunState& run) const {
-  const std::string begin = keys::RunBegin(run.id), end = keys::RunBegin(run.id + 1);
-  for (Cf c : {Cf::kOps, Cf::kCollectives, Cf::kStrings, Cf::kSources, Cf::kEvents}) {
-    batch->DeleteRange(cf(c), begin, end);
-  }
-  batch->Delete(cf(Cf::kMeta), keys::MetaRunKey(run.name));
-  for (const auto& [rank, state] : run.ranks) {
-    batch->Delete(cf(Cf::kMeta), keys::MetaRankKey(run.id, rank));
-  }
-}
-
 void Store::CompactRun(uint64_t run_id) {
   const std::string begin = keys::RunBegin(run_id), end = keys::RunBegin(run_id + 1);
   rocksdb::Slice b(begin), e(end);
@@ -252,10 +246,7 @@ Status Store::ScanOps(uint64_t run, uint32_t rank, uint32_t lane, uint64_t from_
   std::string upper = keys::LanePrefix(run, rank, lane + 1);
   if (lane == UINT32_MAX) upper = keys::LanePrefix(run, rank + 1, 0);
   rocksdb::Slice upper_slice(upper);
-  rocksdb::ReadOptions options;
-  options.iterate_upper_bound = &upper_slice;
-  options.readahead_size = 2 << 20;
-  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(options, cf(Cf::kOps)));
+  auto it = NewScan(Cf::kOps, &upper_slice, /*fill_cache=*/true);
   uint32_t n = 0;
   OpChunkView chunk;
   // Chunks are keyed by their last op: Seek(from_op) lands on the chunk that
@@ -264,8 +255,8 @@ Status Store::ScanOps(uint64_t run, uint32_t rank, uint32_t lane, uint64_t from_
   uint64_t last = 0;  // ops are emitted strictly ascending
   for (it->Seek(keys::OpKey(run, rank, lane, from_op)); it->Valid(); it->Next()) {
     auto key = it->key();
-    if (key.size() != 24 || !key.starts_with(prefix)) continue;
-    if (!chunk.Open(keys::GetU64(key.data() + 16), it->value().ToStringView())) continue;
+    if (key.size() != keys::kOpKeySize || !key.starts_with(prefix)) continue;
+    if (!chunk.Open(keys::OpKeyIndex(key.ToStringView()), it->value().ToStringView())) continue;
     for (size_t i = chunk.LowerBound(from_op); i < chunk.size(); ++i) {
       const uint64_t op = chunk.op_index(i);
       if (any && op <= last) continue;
@@ -300,6 +291,35 @@ std::map<uint64_t, std::string> Store::GetDefs(uint64_t run, char kind,
   return out;
 }
 
+std::map<uint64_t, std::string> Store::GetStrings(uint64_t run, const std::vector<uint64_t>& ids) const {
+  return GetDefs(run, keys::kStringKind, ids);
+}
+
+std::map<uint64_t, SiteDef> Store::GetSites(uint64_t run, const std::vector<uint64_t>& ids) const {
+  std::map<uint64_t, SiteDef> out;
+  for (const auto& [id, value] : GetDefs(run, keys::kSiteKind, ids)) {
+    SiteDef s;
+    if (keys::DecodeSiteValue(value, &s.file, &s.line, &s.function)) out[id] = s;
+  }
+  return out;
+}
+
+std::optional<std::string> Store::GetSource(uint64_t run, uint64_t file) const {
+  std::string content;
+  auto s = db_->Get(rocksdb::ReadOptions(), cf(Cf::kSources), keys::SourceKey(run, file), &content);
+  if (!s.ok()) return std::nullopt;
+  return content;
+}
+
+std::unique_ptr<rocksdb::Iterator> Store::NewScan(Cf which, const rocksdb::Slice* upper,
+                                                  bool fill_cache) const {
+  rocksdb::ReadOptions options;
+  options.iterate_upper_bound = upper;
+  options.readahead_size = 2 << 20;
+  options.fill_cache = fill_cache;
+  return std::unique_ptr<rocksdb::Iterator>(db_->NewIterator(options, cf(which)));
+}
+
 uint64_t Store::DiskBytes() const {
   uint64_t total = 0;
   std::error_code ec;
@@ -323,6 +343,87 @@ uint64_t Store::IntProperty(const std::string& property) const {
     if (h && db_->GetIntProperty(h, property, &v)) total += v;
   }
   return total;
+}
+
+// ---- StoreBatch -------------------------------------------------------------
+
+namespace {
+rocksdb::Slice AsSlice(std::string_view v) { return rocksdb::Slice(v.data(), v.size()); }
+}  // namespace
+
+rocksdb::ColumnFamilyHandle* StoreBatch::cf(Cf which) const { return store_->cf(which); }
+
+void StoreBatch::PutNextRunId(uint64_t next_id) {
+  std::string value;
+  keys::PutU64(&value, next_id);
+  batch_.Put(cf(Cf::kMeta), keys::MetaNextIdKey(), value);
+}
+
+void StoreBatch::PutRunMeta(const RunState& run) {
+  batch_.Put(cf(Cf::kMeta), keys::MetaRunKey(run.name), RunMetaToJson(run).dump());
+}
+
+void StoreBatch::PutRank(uint64_t run, uint32_t rank, const RankState& state) {
+  batch_.Put(cf(Cf::kMeta), keys::MetaRankKey(run, rank), RankToJson(state).dump());
+}
+
+void StoreBatch::PutString(uint64_t run, uint64_t id, std::string_view text) {
+  batch_.Put(cf(Cf::kStrings), keys::DefKey(run, keys::kStringKind, id), AsSlice(text));
+}
+
+void StoreBatch::PutSite(uint64_t run, uint64_t id, const SiteDef& site) {
+  batch_.Put(cf(Cf::kStrings), keys::DefKey(run, keys::kSiteKind, id),
+             keys::SiteValue(site.file, site.line, site.function));
+}
+
+void StoreBatch::PutCommunicator(uint64_t run, uint64_t id, std::string_view def) {
+  batch_.Put(cf(Cf::kStrings), keys::DefKey(run, keys::kCommunicatorKind, id), AsSlice(def));
+}
+
+void StoreBatch::PutOpChunk(uint64_t run, uint32_t rank, uint32_t lane, uint64_t last_op,
+                            std::string_view chunk) {
+  char key[keys::kOpKeySize];
+  keys::EncodeOpKey(key, run, rank, lane, last_op);
+  batch_.Put(cf(Cf::kOps), rocksdb::Slice(key, sizeof key), AsSlice(chunk));
+}
+
+void StoreBatch::PutCollective(uint64_t run, uint32_t rank, uint64_t communicator, uint64_t seq,
+                               uint8_t phase, std::string_view record) {
+  batch_.Put(cf(Cf::kCollectives), keys::CollectiveKey(run, communicator, seq, rank, phase),
+             AsSlice(record));
+}
+
+void StoreBatch::PutStep(uint64_t run, uint32_t rank, uint32_t lane, uint64_t step, uint64_t op_index,
+                         uint64_t time_ns) {
+  batch_.Put(cf(Cf::kEvents), keys::EventKey(run, rank, keys::kStepKind, lane, step),
+             keys::StepValue(op_index, time_ns));
+}
+
+void StoreBatch::PutOpGap(uint64_t run, uint32_t rank, uint32_t lane, uint64_t first_op,
+                          std::string_view notice) {
+  batch_.Put(cf(Cf::kEvents), keys::EventKey(run, rank, keys::kGapKind, lane, first_op),
+             AsSlice(notice));
+}
+
+void StoreBatch::PutCollectiveGap(uint64_t run, uint32_t rank, uint64_t communicator,
+                                  uint64_t first_seq, std::string_view notice) {
+  batch_.Put(cf(Cf::kEvents), keys::CollectiveGapKey(run, rank, communicator, first_seq),
+             AsSlice(notice));
+}
+
+void StoreBatch::PutSource(uint64_t run, uint64_t file, std::string_view content) {
+  batch_.Put(cf(Cf::kSources), keys::SourceKey(run, file), AsSlice(content));
+}
+
+void StoreBatch::DeleteRun(const RunState& run) {
+  const std::string begin = keys::RunBegin(run.id), end = keys::RunBegin(run.id + 1);
+  for (Cf c : {Cf::kOps, Cf::kCollectives, Cf::kStrings, Cf::kSources, Cf::kEvents}) {
+    batch_.DeleteRange(cf(c), begin, end);
+  }
+  batch_.Delete(cf(Cf::kMeta), keys::MetaRunKey(run.name));
+  for (const auto& [rank, state] : run.ranks) {
+    batch_.Delete(cf(Cf::kMeta), keys::MetaRankKey(run.id, rank));
+  }
 }
 
 }  // namespace opguard::daemon

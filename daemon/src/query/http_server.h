@@ -11,6 +11,8 @@
 //   GET /api/runs/NAME/collectives[?timeout=S]                 (aligner)
 //   GET /metrics
 //   GET /healthz
+//
+// Included by daemon.cc only.
 #pragma once
 
 #include <utility>  // before Boost.Asio: GCC 12 + C++20 needs it first

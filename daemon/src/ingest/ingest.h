@@ -16,6 +16,11 @@
 // Counters and dedup state (per run, rank and shim session: which batch seqs
 // were applied) are persisted in the same WriteBatch as the records, so after
 // kill -9 the store and its counters agree and a resend is applied exactly once.
+// Once a group is durable, the receiver publishes the runs it touched to the
+// RunRegistry (what the read side sees) and only then acknowledges it.
+//
+// Included by daemon.cc only; the read side reaches the pipeline through
+// RunWriter (registry/run_registry.h).
 #pragma once
 
 #include <zmq.hpp>
@@ -30,28 +35,27 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <set>
-#include <shared_mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "ingest/batch_writer.h"
 #include "metrics.h"
 #include "opguard/daemon/config.h"
-#include "record_copy.h"
-#include "registry.h"
-#include "store.h"
+#include "registry/run_registry.h"
+#include "storage/store.h"
 
 namespace opguard::daemon {
 
-class Ingest {
+class Ingest final : public RunWriter {
  public:
-  Ingest(const Config& config, Store* store, Metrics* metrics, zmq::context_t* context);
-  ~Ingest();
+  Ingest(const Config& config, Store* store, RunRegistry* registry, Metrics* metrics,
+         zmq::context_t* context);
+  ~Ingest() override;
 
-  // Loads the registry, binds the ingest endpoint and starts both threads.
-  // Main thread, once.
+  // Loads the registry from the store (and publishes it), binds the ingest
+  // endpoint and starts both threads. Main thread, once.
   Status Start();
   // Stops reading, commits and acknowledges what was received, joins the
   // threads, closes the socket. Main thread; idempotent.
@@ -59,19 +63,14 @@ class Ingest {
 
   // Any thread. Removes a run (records and metadata) through the pipeline,
   // so it is ordered with ingest; returns once the deletion is durable.
-  Status DeleteRun(const std::string& name, std::chrono::milliseconds timeout);
-
-  // Any thread: the durable registry (what queries report).
-  std::vector<RunState> Runs() const;
-  std::optional<RunState> FindRun(const std::string& name) const;
-  size_t RunCount() const;
+  Status DeleteRun(const std::string& name, std::chrono::milliseconds timeout) override;
 
   // Any thread. True while both threads make progress (the receiver wakes at
   // least every 100 ms; a commit taking longer than `stall` is unhealthy).
   bool Healthy(std::chrono::seconds stall) const;
   // Any thread. A store write failed: the daemon must exit (and be restarted);
   // nothing after the failure was acknowledged.
-  bool Failed() const { return failed_.load(); }
+  bool Failed() const override { return failed_.load(); }
 
   // Called on the receiver thread after a run's deletion is durable.
   void SetOnRunDeleted(std::function<void(uint64_t run_id)> fn) { on_run_deleted_ = std::move(fn); }
@@ -90,8 +89,13 @@ class Ingest {
   void HandleMessage(std::vector<zmq::message_t>& frames);
   void Reject(PendingAck& ack, RejectReason reason, const std::string& error);
   void SendAck(PendingAck& ack, bool durable, const std::string& error);
-  // `buffer`: the verified message that holds the batch.
-  void ApplyBatch(const uint8_t* buffer, const void* batch_ptr, size_t bytes, PendingAck& ack);
+  // The steps of one verified batch. `buffer`: the message that holds it.
+  void ApplyBatch(const uint8_t* buffer, const wire::Batch& batch, size_t bytes, PendingAck& ack);
+  RunState& WorkingRun(const std::string& name, uint64_t now);
+  void AckResend(const RunState& run, const wire::Batch& batch, PendingAck& ack);
+  void ApplyAnnounce(const wire::RunAnnounce& a, RunState* run, RankState* rank);
+  void CountBatch(const RecordCounts& records, size_t bytes, uint64_t now, const wire::Batch& batch,
+                  RankState* rank);
   void HandleDeleteRequests();
   void SealAndHandOff();
   void DrainCommitted();
@@ -99,6 +103,7 @@ class Ingest {
 
   const Config config_;
   Store* store_;
+  RunRegistry* registry_;
   Metrics* metrics_;
   zmq::context_t* context_;
   std::unique_ptr<zmq::socket_t> socket_;  // receiver thread only (after Start)
@@ -114,10 +119,7 @@ class Ingest {
   std::unique_ptr<Group> open_;
   std::unique_ptr<Group> spare_;  // a committed group, kept for reuse
   bool committer_busy_ = false;
-  std::vector<uint8_t> scratch_;
-  std::vector<OpChunkWriter> chunks_;   // ApplyBatch scratch: one open chunk per lane
-  std::vector<uint32_t> chunk_lanes_;
-  const ChunkCodec chunk_codec_;  // storage.compression, applied to each ops chunk
+  BatchWriter writer_;
 
   // Receiver <-> committer handoff.
   std::mutex handoff_mu_;
@@ -129,10 +131,6 @@ class Ingest {
   // Requests from other threads.
   std::mutex requests_mu_;
   std::vector<DeleteRequest> delete_requests_;
-
-  // The durable registry.
-  mutable std::shared_mutex published_mu_;
-  std::map<std::string, RunState> published_;
 
   std::function<void(uint64_t)> on_run_deleted_;
   std::atomic<bool> stop_{false};

@@ -1,4 +1,4 @@
-#include "http_server.h"
+#include "query/http_server.h"
 
 #include <utility>
 
@@ -13,8 +13,8 @@
 
 #include "metrics.h"
 #include "opguard/common/log.h"
-#include "query.h"
-#include "store.h"
+#include "query/query.h"
+#include "storage/store.h"
 
 namespace opguard::daemon {
 namespace asio = boost::asio;

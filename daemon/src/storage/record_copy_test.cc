@@ -1,4 +1,4 @@
-#include "record_copy.h"
+#include "storage/record_copy.h"
 
 #include <gtest/gtest.h>
 

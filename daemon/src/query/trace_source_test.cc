@@ -1,15 +1,15 @@
 // The RocksDB-backed aligner inputs (trace_source.h) and the wire form of
 // aligner answers (report_wire.h), against a real store.
-#include "trace_source.h"
+#include "query/trace_source.h"
 
 #include <gtest/gtest.h>
 
-#include "keys.h"
 #include "opguard/aligner/diff.h"
 #include "opguard/aligner/render.h"
 #include "opguard/daemon/report_wire.h"
 #include "opguard/daemon/testing/batch_maker.h"
-#include "record_copy.h"
+#include "storage/op_chunk.h"
+#include "storage/record_copy.h"
 
 namespace opguard::daemon {
 namespace {
@@ -67,53 +67,42 @@ class TraceSourceTest : public ::testing::Test {
   }
 
   // Strings, sites and the communicator of run `run`.
-  void WriteDefs(rocksdb::WriteBatch& wb, uint64_t run) {
-    wb.Put(store_->cf(Cf::kStrings), keys::DefKey(run, keys::kStringKind, kAdd), "aten::add");
-    wb.Put(store_->cf(Cf::kStrings), keys::DefKey(run, keys::kStringKind, kMul), "aten::mul");
-    wb.Put(store_->cf(Cf::kStrings), keys::DefKey(run, keys::kStringKind, kFile), "train.py");
-    wb.Put(store_->cf(Cf::kStrings), keys::DefKey(run, keys::kStringKind, kFunc), "step");
-    std::string site;
-    keys::PutU64(&site, kFile);
-    keys::PutU32(&site, 214);
-    keys::PutU64(&site, kFunc);
-    wb.Put(store_->cf(Cf::kStrings), keys::DefKey(run, keys::kSiteKind, kSite), site);
+  void WriteDefs(StoreBatch& wb, uint64_t run) {
+    wb.PutString(run, kAdd, "aten::add");
+    wb.PutString(run, kMul, "aten::mul");
+    wb.PutString(run, kFile, "train.py");
+    wb.PutString(run, kFunc, "step");
+    wb.PutSite(run, kSite, SiteDef{kFile, 214, kFunc});
     flatbuffers::FlatBufferBuilder cb;
     cb.Finish(wire::CreateCommunicatorDef(cb, kComm, cb.CreateString("world"), 2,
                                           cb.CreateVector(std::vector<uint32_t>{0, 1})));
-    wb.Put(store_->cf(Cf::kStrings), keys::DefKey(run, keys::kCommunicatorKind, kComm),
-           std::string(reinterpret_cast<const char*>(cb.GetBufferPointer()), cb.GetSize()));
+    wb.PutCommunicator(run, kComm, std::string(reinterpret_cast<const char*>(cb.GetBufferPointer()), cb.GetSize()));
   }
 
   // Run `run`: rank 0 with 100 ops on lane 0 and 5 on lane 1; from op
   // `diverge_at` on lane 0 the outputs differ; collectives after every 20 ops.
   void WriteRun(uint64_t run, uint64_t diverge_at, bool with_gap) {
-    rocksdb::WriteBatch wb;
+    StoreBatch wb(store_.get());
     for (uint64_t i = 0; i < 100; ++i) {
       uint64_t fp = 100 + i + (i >= diverge_at ? 1000000 : 0);
-      wb.Put(store_->cf(Cf::kOps), keys::OpKey(run, 0, 0, i),
+      wb.PutOpChunk(run, 0, 0, i,
              Op(0, i, i % 2 ? kAdd : kMul, fp, 1077936128));
     }
     for (uint64_t i = 0; i < 5; ++i)
-      wb.Put(store_->cf(Cf::kOps), keys::OpKey(run, 0, 1, i), Op(1, i, kAdd, 9 + i));
-    wb.Put(store_->cf(Cf::kOps), keys::OpKey(run, 1, 0, 0),
+      wb.PutOpChunk(run, 0, 1, i, Op(1, i, kAdd, 9 + i));
+    wb.PutOpChunk(run, 1, 0, 0,
            Op(0, 0, kAdd, 1));  // another rank: not read
     for (uint64_t s = 0; s < 5; ++s) {
-      wb.Put(store_->cf(Cf::kCollectives), keys::CollectiveKey(run, kComm, s, 0, 1),
+      wb.PutCollective(run, 0, kComm, s, 1,
              Collective(s, wire::CollectivePhase::Entered, s * 20 + 19));
-      wb.Put(store_->cf(Cf::kCollectives), keys::CollectiveKey(run, kComm, s, 0, 0),
+      wb.PutCollective(run, 0, kComm, s, 0,
              Collective(s, wire::CollectivePhase::Completed, s * 20 + 19));
     }
-    wb.Put(store_->cf(Cf::kCollectives), keys::CollectiveKey(run, kComm, 0, 1, 1),
+    wb.PutCollective(run, 1, kComm, 0, 1,
            Collective(0, wire::CollectivePhase::Entered, 19, 32));
     if (with_gap) {
-      wb.Put(store_->cf(Cf::kEvents), keys::EventKey(run, 0, keys::kGapKind, 0, 40),
-             Gap(0, 40, 44));
-      std::string key = keys::RunBegin(run);
-      keys::PutU32(&key, 0);
-      key.push_back(keys::kCollectiveGapKind);
-      keys::PutU64(&key, kComm);
-      keys::PutU64(&key, 7);
-      wb.Put(store_->cf(Cf::kEvents), key, Gap(0, 7, 9, kComm));
+      wb.PutOpGap(run, 0, 0, 40, Gap(0, 40, 44));
+      wb.PutCollectiveGap(run, 0, kComm, 7, Gap(0, 7, 9, kComm));
     }
     WriteDefs(wb, run);
     ASSERT_TRUE(store_->Write(&wb, true).ok());
@@ -226,12 +215,12 @@ TEST_F(TraceSourceTest, ChunkedOpsReadLikeSingleRecords) {
   WriteRun(1, 1000, false);  // one record per key
   {
     // Run 2: the same lane-0 ops in chunks of 32 (the last one short).
-    rocksdb::WriteBatch wb;
+    StoreBatch wb(store_.get());
     for (uint64_t first = 0; first < 100; first += 32) {
       const uint64_t last = std::min<uint64_t>(first + 31, 99);
-      wb.Put(store_->cf(Cf::kOps), keys::OpKey(2, 0, 0, last), Chunk(0, first, last));
+      wb.PutOpChunk(2, 0, 0, last, Chunk(0, first, last));
     }
-    wb.Put(store_->cf(Cf::kOps), keys::OpKey(2, 1, 0, 9), Chunk(0, 0, 9));  // another rank
+    wb.PutOpChunk(2, 1, 0, 9, Chunk(0, 0, 9));  // another rank
     WriteDefs(wb, 2);  // the same sites: structural keys then match run 1's
     ASSERT_TRUE(store_->Write(&wb, true).ok());
   }
@@ -300,14 +289,14 @@ TEST_F(TraceSourceTest, ChunkedOpsReadLikeSingleRecords) {
 
 TEST_F(TraceSourceTest, AResentChunkOverwritesAndADeletedRunIsGone) {
   auto write = [&](uint64_t diverge_at) {
-    rocksdb::WriteBatch wb;
-    wb.Put(store_->cf(Cf::kOps), keys::OpKey(3, 0, 0, 63), Chunk(0, 0, 63, diverge_at));
-    wb.Put(store_->cf(Cf::kOps), keys::OpKey(3, 0, 0, 127), Chunk(0, 64, 127, diverge_at));
+    StoreBatch wb(store_.get());
+    wb.PutOpChunk(3, 0, 0, 63, Chunk(0, 0, 63, diverge_at));
+    wb.PutOpChunk(3, 0, 0, 127, Chunk(0, 64, 127, diverge_at));
     ASSERT_TRUE(store_->Write(&wb, true).ok());
   };
   write(1000);
   write(1000);  // a resent batch: the same keys, nothing doubles
-  ASSERT_TRUE(store_->db()->Flush(rocksdb::FlushOptions(), store_->cf(Cf::kOps)).ok());
+  ASSERT_TRUE(store_->Flush().ok());
   write(70);  // and a rewrite replaces the whole chunk
   auto trace = LoadRankTrace(*store_, 3, 0, false);
   ASSERT_TRUE(trace.ok());
@@ -320,8 +309,8 @@ TEST_F(TraceSourceTest, AResentChunkOverwritesAndADeletedRunIsGone) {
   RunState run;
   run.id = 3;
   run.name = "three";
-  rocksdb::WriteBatch wb;
-  store_->AddDeleteRun(&wb, run);
+  StoreBatch wb(store_.get());
+  wb.DeleteRun(run);
   ASSERT_TRUE(store_->Write(&wb, true).ok());
   store_->CompactRun(3);
   trace = LoadRankTrace(*store_, 3, 0, false);
@@ -350,15 +339,11 @@ TEST_F(TraceSourceTest, SiteBoundariesFollowTheSourceLineNotItsNumber) {
   };
   const uint64_t kFn = 0x77;
   auto define = [&](const SiteSpec& s) {
-    rocksdb::WriteBatch wb;
-    wb.Put(store_->cf(Cf::kStrings), keys::DefKey(s.run, keys::kStringKind, s.file), s.path);
-    wb.Put(store_->cf(Cf::kStrings), keys::DefKey(s.run, keys::kStringKind, kFn), "forward");
-    std::string site;
-    keys::PutU64(&site, s.file);
-    keys::PutU32(&site, s.line);
-    keys::PutU64(&site, kFn);
-    wb.Put(store_->cf(Cf::kStrings), keys::DefKey(s.run, keys::kSiteKind, s.site), site);
-    if (!s.source.empty()) wb.Put(store_->cf(Cf::kSources), keys::SourceKey(s.run, s.file), s.source);
+    StoreBatch wb(store_.get());
+    wb.PutString(s.run, s.file, s.path);
+    wb.PutString(s.run, kFn, "forward");
+    wb.PutSite(s.run, s.site, SiteDef{s.file, s.line, kFn});
+    if (!s.source.empty()) wb.PutSource(s.run, s.file, s.source);
     ASSERT_TRUE(store_->Write(&wb, true).ok());
   };
   const std::string v1 = "import torch\n\ndef forward(x):\n    y = torch.relu(x)\n    return y\n";

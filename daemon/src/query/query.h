@@ -1,15 +1,16 @@
-// Queries: one service, two faces. QueryService computes answers from the
-// durable registry and the store; QueryServer answers FlatBuffers envelopes
-// on the ZeroMQ query endpoint (CLI, peer daemons); the HTTP server renders
-// the same answers as JSON. Every method is safe from any thread.
+// Queries: one service, several faces. QueryService computes answers from
+// the durable run registry and the store; QueryServer (query_server.h)
+// answers FlatBuffers envelopes on the ZeroMQ query endpoint (CLI, peer
+// daemons); the HTTP server renders the same answers as JSON, through the
+// renderers the CLI uses (report_wire.h, status_json.h). Every method is
+// safe from any thread.
+//
+// Included by daemon.cc and the rest of the query room.
 #pragma once
 
 #include <utility>  // before Boost.Asio: GCC 12 + C++20 needs it first
 
 #include <boost/asio/thread_pool.hpp>
-
-#include <zmq.hpp>
-#include <zmq_addon.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -23,31 +24,27 @@
 
 #include <nlohmann/json.hpp>
 
-#include "cluster.h"
-#include "ingest.h"
 #include "metrics.h"
 #include "opguard/daemon/config.h"
-#include "store.h"
+#include "query/cluster.h"
+#include "registry/run_registry.h"
+#include "storage/store.h"
 
 namespace opguard::daemon {
-
-struct SiteInfo {
-  uint64_t file = 0;
-  uint32_t line = 0;
-  uint64_t function = 0;
-};
 
 struct TracePage {
   std::vector<std::string> ops;  // stored OpRecord buffers, in op order
   std::map<uint64_t, std::string> strings;
-  std::map<uint64_t, SiteInfo> sites;
+  std::map<uint64_t, SiteDef> sites;
   uint64_t next_op = 0;
   bool done = true;
 };
 
 class QueryService {
  public:
-  QueryService(const Config& config, Store* store, Ingest* ingest, Metrics* metrics);
+  // `writer` carries out deletions and says whether the store failed.
+  QueryService(const Config& config, Store* store, const RunRegistry* registry, RunWriter* writer,
+               Metrics* metrics);
 
   // The bound HTTP address, once known (main thread, before serving).
   void SetHttpAddress(std::string address);
@@ -83,7 +80,8 @@ class QueryService {
                                    uint32_t peer_timeout_ms);
   Result<nlohmann::json> CollectivesJson(const std::string& run, uint32_t peer_timeout_ms);
 
-  // JSON faces (docs/daemon.md documents the fields).
+  // JSON faces (docs/daemon.md documents the fields), rendered from the
+  // answers below.
   nlohmann::json RunJson(const RunState& run) const;
   nlohmann::json RunsJson() const;
   nlohmann::json StatusJson() const;
@@ -91,9 +89,13 @@ class QueryService {
                            const TracePage& page) const;
 
  private:
+  flatbuffers::Offset<wire::ListRunsAnswer> ListRunsAnswer(flatbuffers::FlatBufferBuilder& b) const;
+  flatbuffers::Offset<wire::StatusAnswer> StatusAnswer(flatbuffers::FlatBufferBuilder& b) const;
+
   const Config config_;
   Store* store_;
-  Ingest* ingest_;
+  const RunRegistry* registry_;
+  RunWriter* writer_;
   Metrics* metrics_;
   const std::chrono::steady_clock::time_point started_;
   mutable std::mutex mu_;
@@ -102,32 +104,6 @@ class QueryService {
   boost::asio::thread_pool align_pool_{2};  // requests from the CLI and HTTP
   boost::asio::thread_pool peer_pool_{2};   // local_only requests from peer daemons
   std::atomic<bool> aligner_stopped_{false};
-};
-
-// The ZeroMQ query endpoint: a ROUTER on config.listen served by one thread
-// ("og-query"). Requests are answered in order; each is small and bounded.
-class QueryServer {
- public:
-  QueryServer(const Config& config, QueryService* service, Metrics* metrics, zmq::context_t* context);
-  ~QueryServer();
-  Status Start();  // binds; main thread
-  void Stop();     // main thread; idempotent
-
- private:
-  void Loop();
-  void SendAnswer(std::vector<zmq::message_t>& frames, const std::string& answer);
-  const Config config_;
-  QueryService* service_;
-  Metrics* metrics_;
-  zmq::context_t* context_;
-  std::unique_ptr<zmq::socket_t> socket_;
-  // Aligner answers come back from the worker threads over inproc PUSH ->
-  // this PULL socket (routing frames, then the answer), so only the og-query
-  // thread touches the ROUTER.
-  std::unique_ptr<zmq::socket_t> results_;
-  std::string results_endpoint_;
-  std::atomic<bool> stop_{false};
-  std::thread thread_;
 };
 
 // Hex of a fingerprint as 32 digits: bytes 0..15 of the digest in order.

@@ -15,16 +15,18 @@
 // Threads: every method blocks for as long as the alignment takes and is
 // called on an aligner worker thread (QueryService's pools), never on the
 // ZeroMQ or Asio threads. Methods are safe to call concurrently.
+//
+// Private to the query room (QueryService owns one).
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <string>
 
-#include "ingest.h"
 #include "opguard/daemon/config.h"
 #include "opguard/idl/envelope.h"
-#include "store.h"
+#include "registry/run_registry.h"
+#include "storage/store.h"
 
 namespace opguard::daemon {
 
@@ -32,7 +34,7 @@ inline constexpr std::chrono::milliseconds kDefaultPeerTimeout{10000};
 
 class ClusterQueries {
  public:
-  ClusterQueries(const Config& config, const Store* store, const Ingest* ingest, std::string node);
+  ClusterQueries(const Config& config, const Store* store, const RunRegistry* registry, std::string node);
 
   // Each returns a finished answer envelope (DiffAnswer, RanksAnswer,
   // CollectivesAnswer) or an error Status (unknown runs, store errors).
@@ -46,7 +48,7 @@ class ClusterQueries {
  private:
   const Config config_;
   const Store* store_;
-  const Ingest* ingest_;
+  const RunRegistry* registry_;
   const std::string node_;
   std::atomic<bool> cancel_{false};
 };

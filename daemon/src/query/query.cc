@@ -1,4 +1,4 @@
-#include "query.h"
+#include "query/query.h"
 
 #include <pthread.h>
 #include <unistd.h>
@@ -8,13 +8,12 @@
 #include <algorithm>
 #include <set>
 
-#include "keys.h"
-#include "opguard/common/hex.h"
 #include "opguard/aligner/render.h"
-#include "opguard/common/log.h"
+#include "opguard/common/hex.h"
 #include "opguard/daemon/report_wire.h"
+#include "opguard/daemon/status_json.h"
 #include "opguard/idl/envelope.h"
-#include "record_copy.h"
+#include "storage/record_copy.h"
 
 namespace opguard::daemon {
 namespace {
@@ -61,13 +60,15 @@ std::string FingerprintHex(const void* fp128) {
   return ToHex(fp128, 16);
 }
 
-QueryService::QueryService(const Config& config, Store* store, Ingest* ingest, Metrics* metrics)
+QueryService::QueryService(const Config& config, Store* store, const RunRegistry* registry,
+                           RunWriter* writer, Metrics* metrics)
     : config_(config),
       store_(store),
-      ingest_(ingest),
+      registry_(registry),
+      writer_(writer),
       metrics_(metrics),
       started_(std::chrono::steady_clock::now()),
-      cluster_(config, store, ingest, Hostname()) {}
+      cluster_(config, store, registry, Hostname()) {}
 
 bool QueryService::IsAlignerRequest(const void* data, size_t size, bool* local_only) {
   *local_only = false;
@@ -158,21 +159,21 @@ void QueryService::SetHttpAddress(std::string address) {
 }
 
 std::vector<RunState> QueryService::ListRuns() const {
-  auto runs = ingest_->Runs();
+  auto runs = registry_->Runs();
   std::sort(runs.begin(), runs.end(),
             [](const RunState& a, const RunState& b) { return a.id < b.id; });
   return runs;
 }
 
 Result<RunState> QueryService::GetRun(const std::string& name) const {
-  auto run = ingest_->FindRun(name);
+  auto run = registry_->Find(name);
   if (!run) return NotFound("no run named '" + name + "'");
   return *run;
 }
 
 Result<TracePage> QueryService::ReadTrace(const std::string& name, uint32_t rank, uint32_t lane,
                                           uint64_t from_op, uint32_t max_ops) const {
-  auto run = ingest_->FindRun(name);
+  auto run = registry_->Find(name);
   if (!run) return NotFound("no run named '" + name + "'");
   if (run->ranks.count(rank) == 0) {
     return NotFound("run '" + name + "' has no rank " + std::to_string(rank));
@@ -200,20 +201,17 @@ Result<TracePage> QueryService::ReadTrace(const std::string& name, uint32_t rank
                               &more);
   OPGUARD_RETURN_IF_ERROR(st);
   page.done = !more && bytes <= byte_budget;
-  auto sites = store_->GetDefs(run->id, keys::kSiteKind, {site_ids.begin(), site_ids.end()});
-  for (const auto& [id, value] : sites) {
-    if (value.size() != 20) continue;
-    SiteInfo s{keys::GetU64(value.data()), keys::GetU32(value.data() + 8), keys::GetU64(value.data() + 12)};
+  page.sites = store_->GetSites(run->id, {site_ids.begin(), site_ids.end()});
+  for (const auto& [id, s] : page.sites) {
     string_ids.insert(s.file);
     string_ids.insert(s.function);
-    page.sites[id] = s;
   }
-  page.strings = store_->GetDefs(run->id, keys::kStringKind, {string_ids.begin(), string_ids.end()});
+  page.strings = store_->GetStrings(run->id, {string_ids.begin(), string_ids.end()});
   return page;
 }
 
 Status QueryService::DeleteRun(const std::string& name) {
-  return ingest_->DeleteRun(name, std::chrono::seconds(30));
+  return writer_->DeleteRun(name, std::chrono::seconds(30));
 }
 
 std::string QueryService::Answer(const void* data, size_t size) {
@@ -231,26 +229,9 @@ std::string QueryService::Answer(const void* data, size_t size) {
   } else {
     const wire::Envelope* env = *opened;
     switch (env->message_type()) {
-      case wire::Message::ListRunsRequest: {
-        std::vector<flatbuffers::Offset<wire::RunSummary>> runs;
-        for (const auto& run : ListRuns()) {
-          std::vector<flatbuffers::Offset<wire::RankSummary>> ranks;
-          for (const auto& [r, s] : run.ranks) {
-            ranks.push_back(wire::CreateRankSummary(b, r, s.ops, s.collectives, s.steps,
-                                                    s.gap_records, b.CreateString(s.node), s.ended));
-          }
-          std::vector<flatbuffers::Offset<wire::KeyValue>> det;
-          for (const auto& [k, v] : run.determinism) {
-            det.push_back(wire::CreateKeyValue(b, b.CreateString(k), b.CreateString(v)));
-          }
-          runs.push_back(wire::CreateRunSummary(
-              b, b.CreateString(run.name), b.CreateString(run.job_id), run.world_size,
-              b.CreateVector(ranks), run.start_ns, run.LastNs(),
-              b.CreateVectorOfSortedTables(&det), b.CreateString(run.framework)));
-        }
-        wire::FinishEnvelope(b, wire::CreateListRunsAnswer(b, b.CreateVector(runs)));
+      case wire::Message::ListRunsRequest:
+        wire::FinishEnvelope(b, ListRunsAnswer(b));
         break;
-      }
       case wire::Message::ReadTraceRequest: {
         const auto* q = env->message_as_ReadTraceRequest();
         auto page = ReadTrace(q->run() ? q->run()->str() : "", q->rank(), q->lane(), q->from_op(),
@@ -287,19 +268,9 @@ std::string QueryService::Answer(const void* data, size_t size) {
         }
         break;
       }
-      case wire::Message::StatusRequest: {
-        auto j = StatusJson();
-        std::vector<flatbuffers::Offset<flatbuffers::String>> peers;
-        for (const auto& p : config_.peers) peers.push_back(b.CreateString(p));
-        wire::FinishEnvelope(
-            b, wire::CreateStatusAnswer(
-                   b, b.CreateString(j["version"].get<std::string>()), b.CreateString(j["node"].get<std::string>()),
-                   b.CreateString(config_.data_dir), j["uptime_s"].get<uint64_t>(), j["runs"].get<uint64_t>(),
-                   j["records_ingested"].get<uint64_t>(), j["batches_rejected"].get<uint64_t>(),
-                   j["disk_bytes"].get<uint64_t>(), b.CreateString(j["http"].get<std::string>()),
-                   b.CreateString(config_.ingest), b.CreateString(config_.listen), b.CreateVector(peers)));
+      case wire::Message::StatusRequest:
+        wire::FinishEnvelope(b, StatusAnswer(b));
         break;
-      }
       case wire::Message::DiffRequest:
       case wire::Message::RanksRequest:
       case wire::Message::CollectivesRequest: {
@@ -322,52 +293,48 @@ std::string QueryService::Answer(const void* data, size_t size) {
   return std::string(reinterpret_cast<const char*>(b.GetBufferPointer()), b.GetSize());
 }
 
-nlohmann::json QueryService::RunJson(const RunState& run) const {
-  nlohmann::json ranks = nlohmann::json::array();
-  uint64_t ops = 0;
+namespace {
+
+flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<wire::KeyValue>>> PairsToWire(
+    flatbuffers::FlatBufferBuilder& b, const std::vector<std::pair<std::string, std::string>>& kv) {
+  std::vector<flatbuffers::Offset<wire::KeyValue>> out;
+  for (const auto& [k, v] : kv) out.push_back(wire::CreateKeyValue(b, b.CreateString(k), b.CreateString(v)));
+  return b.CreateVectorOfSortedTables(&out);
+}
+
+flatbuffers::Offset<wire::RunSummary> RunSummaryToWire(flatbuffers::FlatBufferBuilder& b, const RunState& run) {
+  std::vector<flatbuffers::Offset<wire::RankSummary>> ranks;
   for (const auto& [r, s] : run.ranks) {
-    ops += s.ops;
-    ranks.push_back({{"rank", r},
-                     {"ops", s.ops},
-                     {"collectives", s.collectives},
-                     {"steps", s.steps},
-                     {"gaps", s.gap_records},
-                     {"collective_gaps", s.collective_gap_records},
-                     {"gap_notices", s.gap_notices},
-                     {"batches", s.batches},
-                     {"bytes", s.bytes},
-                     {"node", s.node},
-                     {"local_rank", s.local_rank},
-                     {"pid", s.pid},
-                     {"ended", s.ended},
-                     {"first_ns", s.first_ns},
-                     {"last_ns", s.last_ns}});
+    ranks.push_back(wire::CreateRankSummary(b, r, s.ops, s.collectives, s.steps, s.gap_records,
+                                            b.CreateString(s.node), s.ended, s.collective_gap_records,
+                                            s.gap_notices, s.batches, s.bytes, s.local_rank, s.pid,
+                                            s.first_ns, s.last_ns));
   }
-  auto pairs = [](const std::vector<std::pair<std::string, std::string>>& kv) {
-    nlohmann::json j = nlohmann::json::object();
-    for (const auto& [k, v] : kv) j[k] = v;
-    return j;
-  };
-  return {{"name", run.name},
-          {"job_id", run.job_id},
-          {"world_size", run.world_size},
-          {"framework", run.framework},
-          {"start_ns", run.start_ns},
-          {"end_ns", run.LastNs()},
-          {"ops", ops},
-          {"ranks", ranks},
-          {"determinism", pairs(run.determinism)},
-          {"versions", pairs(run.versions)},
-          {"environment", pairs(run.environment)}};
+  auto name = b.CreateString(run.name);
+  auto job_id = b.CreateString(run.job_id);
+  auto ranks_vec = b.CreateVector(ranks);
+  auto determinism = PairsToWire(b, run.determinism);
+  auto framework = b.CreateString(run.framework);
+  auto versions = PairsToWire(b, run.versions);
+  auto environment = PairsToWire(b, run.environment);
+  return wire::CreateRunSummary(b, name, job_id, run.world_size, ranks_vec, run.start_ns, run.LastNs(),
+                                determinism, framework, versions, environment);
 }
 
-nlohmann::json QueryService::RunsJson() const {
-  nlohmann::json runs = nlohmann::json::array();
-  for (const auto& run : ListRuns()) runs.push_back(RunJson(run));
-  return {{"runs", runs}};
+template <typename T>
+const T& Root(const flatbuffers::FlatBufferBuilder& b) {
+  return *flatbuffers::GetRoot<T>(b.GetBufferPointer());
 }
 
-nlohmann::json QueryService::StatusJson() const {
+}  // namespace
+
+flatbuffers::Offset<wire::ListRunsAnswer> QueryService::ListRunsAnswer(flatbuffers::FlatBufferBuilder& b) const {
+  std::vector<flatbuffers::Offset<wire::RunSummary>> runs;
+  for (const auto& run : ListRuns()) runs.push_back(RunSummaryToWire(b, run));
+  return wire::CreateListRunsAnswer(b, b.CreateVector(runs));
+}
+
+flatbuffers::Offset<wire::StatusAnswer> QueryService::StatusAnswer(flatbuffers::FlatBufferBuilder& b) const {
   std::string http;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -376,19 +343,32 @@ nlohmann::json QueryService::StatusJson() const {
   const auto uptime = std::chrono::duration_cast<std::chrono::seconds>(
                           std::chrono::steady_clock::now() - started_)
                           .count();
-  return {{"version", OPGUARD_VERSION},
-          {"node", Hostname()},
-          {"data_dir", config_.data_dir},
-          {"uptime_s", static_cast<uint64_t>(uptime)},
-          {"runs", static_cast<uint64_t>(ingest_->RunCount())},
-          {"records_ingested", metrics_->ops.load() + metrics_->collectives.load()},
-          {"batches_rejected", metrics_->RejectedTotal()},
-          {"disk_bytes", store_->DiskBytes()},
-          {"http", http},
-          {"ingest", config_.ingest},
-          {"listen", config_.listen},
-          {"peers", config_.peers},
-          {"healthy", !ingest_->Failed()}};
+  std::vector<flatbuffers::Offset<flatbuffers::String>> peers;
+  for (const auto& p : config_.peers) peers.push_back(b.CreateString(p));
+  return wire::CreateStatusAnswer(
+      b, b.CreateString(OPGUARD_VERSION), b.CreateString(Hostname()), b.CreateString(config_.data_dir),
+      static_cast<uint64_t>(uptime), static_cast<uint64_t>(registry_->Count()),
+      metrics_->ops.load() + metrics_->collectives.load(), metrics_->RejectedTotal(), store_->DiskBytes(),
+      b.CreateString(http), b.CreateString(config_.ingest), b.CreateString(config_.listen),
+      b.CreateVector(peers), !writer_->Failed());
+}
+
+nlohmann::json QueryService::RunJson(const RunState& run) const {
+  flatbuffers::FlatBufferBuilder b;
+  b.Finish(RunSummaryToWire(b, run));
+  return daemon::RunJson(Root<wire::RunSummary>(b));
+}
+
+nlohmann::json QueryService::RunsJson() const {
+  flatbuffers::FlatBufferBuilder b;
+  b.Finish(ListRunsAnswer(b));
+  return daemon::RunsJson(Root<wire::ListRunsAnswer>(b));
+}
+
+nlohmann::json QueryService::StatusJson() const {
+  flatbuffers::FlatBufferBuilder b;
+  b.Finish(StatusAnswer(b));
+  return daemon::StatusJson(Root<wire::StatusAnswer>(b));
 }
 
 nlohmann::json QueryService::TraceJson(const std::string& run, uint32_t rank, uint32_t lane,
@@ -445,108 +425,6 @@ nlohmann::json QueryService::TraceJson(const std::string& run, uint32_t rank, ui
   }
   return {{"run", run}, {"rank", rank}, {"lane", lane}, {"ops", ops},
           {"next_op", page.next_op}, {"done", page.done}};
-}
-
-// ---- QueryServer ----------------------------------------------------------------
-
-QueryServer::QueryServer(const Config& config, QueryService* service, Metrics* metrics,
-                         zmq::context_t* context)
-    : config_(config), service_(service), metrics_(metrics), context_(context) {}
-
-QueryServer::~QueryServer() { Stop(); }
-
-Status QueryServer::Start() {
-  if (config_.listen.rfind("ipc://", 0) == 0) {
-    std::error_code ec;
-    auto parent = std::filesystem::path(config_.listen.substr(6)).parent_path();
-    if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-  }
-  try {
-    socket_ = std::make_unique<zmq::socket_t>(*context_, zmq::socket_type::router);
-    socket_->set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(1 << 20));  // requests are small
-    socket_->set(zmq::sockopt::router_mandatory, 1);
-    socket_->set(zmq::sockopt::linger, 0);
-    socket_->bind(config_.listen);
-    results_endpoint_ = "inproc://og-query-results-" + std::to_string(reinterpret_cast<uintptr_t>(this));
-    results_ = std::make_unique<zmq::socket_t>(*context_, zmq::socket_type::pull);
-    results_->set(zmq::sockopt::linger, 0);
-    results_->bind(results_endpoint_);
-  } catch (const zmq::error_t& e) {
-    return Unavailable("cannot bind query endpoint " + config_.listen + ": " + e.what());
-  }
-  thread_ = std::thread([this] { Loop(); });
-  return Status::Ok();
-}
-
-void QueryServer::Stop() {
-  stop_ = true;
-  if (thread_.joinable()) thread_.join();
-  results_.reset();
-  socket_.reset();
-}
-
-void QueryServer::SendAnswer(std::vector<zmq::message_t>& frames, const std::string& answer) {
-  try {
-    for (size_t i = 0; i + 1 < frames.size(); ++i) {
-      socket_->send(frames[i], zmq::send_flags::sndmore | zmq::send_flags::dontwait);
-    }
-    (void)socket_->send(zmq::buffer(answer), zmq::send_flags::dontwait);
-  } catch (const zmq::error_t&) {
-    // The client gave up (timeout) and disconnected.
-  }
-}
-
-void QueryServer::Loop() {
-  pthread_setname_np(pthread_self(), "og-query");
-  std::vector<zmq::message_t> frames;
-  while (!stop_) {
-    zmq::pollitem_t items[2] = {{static_cast<void*>(*socket_), 0, ZMQ_POLLIN, 0},
-                                {static_cast<void*>(*results_), 0, ZMQ_POLLIN, 0}};
-    try {
-      zmq::poll(items, 2, std::chrono::milliseconds(100));
-      if (items[1].revents & ZMQ_POLLIN) {
-        // A finished aligner answer: routing frames, then the answer.
-        frames.clear();
-        if (zmq::recv_multipart(*results_, std::back_inserter(frames), zmq::recv_flags::dontwait) &&
-            frames.size() >= 2) {
-          std::string answer(static_cast<const char*>(frames.back().data()), frames.back().size());
-          SendAnswer(frames, answer);
-        }
-      }
-      if (!(items[0].revents & ZMQ_POLLIN)) continue;
-      frames.clear();
-      if (!zmq::recv_multipart(*socket_, std::back_inserter(frames), zmq::recv_flags::dontwait)) continue;
-    } catch (const zmq::error_t& e) {
-      if (e.num() != EINTR) OPGUARD_LOG(LogLevel::kWarn, std::string("query socket: ") + e.what());
-      continue;
-    }
-    if (frames.size() < 2) continue;  // no routing id: nothing to answer to
-    metrics_->queries.fetch_add(1, std::memory_order_relaxed);
-    bool local_only = false;
-    if (QueryService::IsAlignerRequest(frames.back().data(), frames.back().size(), &local_only)) {
-      // Alignments take seconds: run them on a worker and keep serving
-      // (status, trace pages, peers' requests) meanwhile.
-      auto request = std::make_shared<std::vector<zmq::message_t>>(std::move(frames));
-      frames.clear();  // moved-from: make it empty again
-      service_->RunAligner(local_only, [this, request] {
-        std::string answer = service_->Answer(request->back().data(), request->back().size());
-        try {
-          zmq::socket_t push(*context_, zmq::socket_type::push);
-          push.set(zmq::sockopt::linger, 1000);
-          push.connect(results_endpoint_);
-          for (size_t i = 0; i + 1 < request->size(); ++i) {
-            push.send((*request)[i], zmq::send_flags::sndmore);
-          }
-          push.send(zmq::buffer(answer), zmq::send_flags::none);
-        } catch (const zmq::error_t& e) {
-          OPGUARD_LOG(LogLevel::kWarn, std::string("returning an aligner answer: ") + e.what());
-        }
-      });
-      continue;
-    }
-    std::string answer = service_->Answer(frames.back().data(), frames.back().size());
-    SendAnswer(frames, answer);
-  }
 }
 
 }  // namespace opguard::daemon

@@ -1,4 +1,4 @@
-#include "trace_source.h"
+#include "query/trace_source.h"
 
 #include <rocksdb/iterator.h>
 
@@ -6,8 +6,8 @@
 #include <cstring>
 #include <memory>
 
-#include "keys.h"
-#include "record_copy.h"
+#include "opguard/daemon/report_wire.h"
+#include "storage/keys.h"
 
 namespace opguard::daemon {
 namespace {
@@ -52,44 +52,24 @@ void FillTensors(const flatbuffers::Vector<flatbuffers::Offset<wire::TensorSig>>
   }
 }
 
-aligner::CollectiveEvent Collective(const wire::CollectiveRecord& c) {
-  aligner::CollectiveEvent e;
-  e.communicator = c.communicator();
-  e.seq = c.seq();
-  e.phase = c.phase() == wire::CollectivePhase::Entered ? aligner::CollectivePhase::kEntered
-                                                        : aligner::CollectivePhase::kCompleted;
-  e.kind = static_cast<aligner::CollectiveKind>(c.kind());
-  e.dtype = static_cast<aligner::DType>(c.dtype());
-  e.count = c.count();
-  e.root = c.root();
-  e.reduce_op = c.reduce_op();
-  if (c.outputs()) {
-    for (const auto* t : *c.outputs()) {
-      const auto* f = t->fingerprint();
-      e.outputs.push_back(f ? aligner::Fp128{f->lo(), f->hi()} : aligner::Fp128{});
-    }
-  }
-  e.lane = c.lane();
-  e.op_index = c.op_index();
-  e.step = c.step();
-  e.site = c.site();
-  e.time_ns = c.time_ns();
-  return e;
-}
-
-std::unique_ptr<rocksdb::Iterator> RangeIterator(const Store& store, Cf cf,
-                                                 const rocksdb::Slice* upper) {
-  rocksdb::ReadOptions options;
-  options.iterate_upper_bound = upper;
-  options.readahead_size = 2 << 20;
-  // A whole-trace scan would evict the hot blocks ingest and pages use.
-  options.fill_cache = false;
-  return std::unique_ptr<rocksdb::Iterator>(store.db()->NewIterator(options, store.cf(cf)));
-}
-
 Status FromRocks(const rocksdb::Status& s, const char* what) {
   if (s.ok()) return Status::Ok();
   return Internal(std::string(what) + ": " + s.ToString());
+}
+
+// Calls fn(value) for every value of type T stored under `prefix` (a kind
+// of keys.h) that opens; damaged ones are skipped.
+template <typename T, typename Fn>
+Status ScanKind(const Store& store, Cf cf, const std::string& prefix, const char* what, Fn&& fn) {
+  const std::string upper = keys::KindUpperBound(prefix);
+  rocksdb::Slice upper_slice(upper);
+  auto it = store.NewScan(cf, &upper_slice, /*fill_cache=*/false);
+  wire::AlignedStorage storage;
+  for (it->Seek(prefix); it->Valid(); it->Next()) {
+    auto value = OpenValue<T>(it->value(), &storage);
+    if (value.ok()) fn(**value);
+  }
+  return FromRocks(it->status(), what);
 }
 
 }  // namespace
@@ -140,7 +120,7 @@ Result<aligner::RankTrace> LoadRankTrace(const Store& store, uint64_t run, uint3
 StoreDetails::StoreDetails(const Store* store, uint64_t run)
     : store_(store), run_(run), boundaries_(store, run), upper_(keys::RunBegin(run + 1)),
       upper_slice_(upper_) {
-  it_ = RangeIterator(*store_, Cf::kOps, &upper_slice_);
+  it_ = store_->NewScan(Cf::kOps, &upper_slice_, /*fill_cache=*/false);
 }
 
 StoreDetails::~StoreDetails() = default;
@@ -162,9 +142,9 @@ Result<aligner::RankTrace> StoreDetails::LoadRank(uint32_t rank, const std::atom
       }
       auto key = it_->key();
       if (!key.starts_with(rocksdb::Slice(prefix.data(), prefix.size()))) break;
-      if (key.size() != 24) continue;
-      const uint32_t lane_id = keys::GetU32(key.data() + 12);
-      const uint64_t key_op = keys::GetU64(key.data() + 16);
+      if (key.size() != keys::kOpKeySize) continue;
+      const uint32_t lane_id = keys::OpKeyLane(key.ToStringView());
+      const uint64_t key_op = keys::OpKeyIndex(key.ToStringView());
       const bool same_lane = lane != nullptr && lane->lane == lane_id;
       if (!chunk.Open(key_op, it_->value().ToStringView())) {
         // A corrupt chunk is a hole in the trace, never a silent pass. Its
@@ -197,21 +177,9 @@ Result<aligner::RankTrace> StoreDetails::LoadRank(uint32_t rank, const std::atom
     OPGUARD_RETURN_IF_ERROR(FromRocks(it_->status(), "reading trace"));
   }
   {
-    // events: run | rank | 'g' | lane | first_op -> GapNotice
-    std::string gap_prefix = keys::RunBegin(run_);
-    keys::PutU32(&gap_prefix, rank);
-    gap_prefix.push_back(keys::kGapKind);
-    std::string gap_upper = gap_prefix;
-    gap_upper.back() = static_cast<char>(keys::kGapKind + 1);
-    rocksdb::Slice gap_upper_slice(gap_upper);
-    auto it = RangeIterator(*store_, Cf::kEvents, &gap_upper_slice);
-    wire::AlignedStorage storage;
-    for (it->Seek(gap_prefix); it->Valid(); it->Next()) {
-      auto gap = OpenValue<wire::GapNotice>(it->value(), &storage);
-      if (!gap.ok()) continue;
-      trace.gaps.push_back({(*gap)->lane(), (*gap)->first_op(), (*gap)->last_op()});
-    }
-    OPGUARD_RETURN_IF_ERROR(FromRocks(it->status(), "reading gap notices"));
+    OPGUARD_RETURN_IF_ERROR(ScanKind<wire::GapNotice>(
+        *store_, Cf::kEvents, keys::EventKindPrefix(run_, rank, keys::kGapKind), "reading gap notices",
+        [&](const wire::GapNotice& g) { trace.gaps.push_back({g.lane(), g.first_op(), g.last_op()}); }));
   }
   return trace;
 }
@@ -221,14 +189,14 @@ Result<std::map<uint32_t, std::vector<aligner::CollectiveEvent>>> LoadCollective
   std::map<uint32_t, std::vector<aligner::CollectiveEvent>> out;
   const std::string begin = keys::RunBegin(run), upper = keys::RunBegin(run + 1);
   rocksdb::Slice upper_slice(upper);
-  auto it = RangeIterator(store, Cf::kCollectives, &upper_slice);
+  auto it = store.NewScan(Cf::kCollectives, &upper_slice, /*fill_cache=*/false);
   wire::AlignedStorage storage;
   for (it->Seek(begin); it->Valid(); it->Next()) {
     auto key = it->key();
-    if (key.size() != 29) continue;
+    if (key.size() != keys::kCollectiveKeySize) continue;
     auto c = OpenValue<wire::CollectiveRecord>(it->value(), &storage);
     if (!c.ok()) continue;
-    out[keys::GetU32(key.data() + 24)].push_back(Collective(**c));
+    out[keys::CollectiveKeyRank(key.ToStringView())].push_back(CollectiveFromWire(**c));
   }
   OPGUARD_RETURN_IF_ERROR(FromRocks(it->status(), "reading collectives"));
   return out;
@@ -238,43 +206,20 @@ Result<std::vector<CollectiveGapRange>> LoadCollectiveGaps(const Store& store, u
                                                            const std::vector<uint32_t>& ranks) {
   std::vector<CollectiveGapRange> out;
   for (uint32_t rank : ranks) {
-    std::string prefix = keys::RunBegin(run);
-    keys::PutU32(&prefix, rank);
-    prefix.push_back(keys::kCollectiveGapKind);
-    std::string upper = prefix;
-    upper.back() = static_cast<char>(keys::kCollectiveGapKind + 1);
-    rocksdb::Slice upper_slice(upper);
-    auto it = RangeIterator(store, Cf::kEvents, &upper_slice);
-    wire::AlignedStorage storage;
-    for (it->Seek(prefix); it->Valid(); it->Next()) {
-      auto gap = OpenValue<wire::GapNotice>(it->value(), &storage);
-      if (!gap.ok()) continue;
-      out.push_back({rank, (*gap)->communicator(), (*gap)->first_seq(), (*gap)->last_seq()});
-    }
-    OPGUARD_RETURN_IF_ERROR(FromRocks(it->status(), "reading collective gap notices"));
+    OPGUARD_RETURN_IF_ERROR(ScanKind<wire::GapNotice>(
+        store, Cf::kEvents, keys::EventKindPrefix(run, rank, keys::kCollectiveGapKind),
+        "reading collective gap notices", [&](const wire::GapNotice& g) {
+          out.push_back({rank, g.communicator(), g.first_seq(), g.last_seq()});
+        }));
   }
   return out;
 }
 
 Result<std::vector<aligner::Communicator>> LoadCommunicators(const Store& store, uint64_t run) {
   std::vector<aligner::Communicator> out;
-  std::string prefix = keys::RunBegin(run);
-  prefix.push_back(keys::kCommunicatorKind);
-  std::string upper = prefix;
-  upper.back() = static_cast<char>(keys::kCommunicatorKind + 1);
-  rocksdb::Slice upper_slice(upper);
-  auto it = RangeIterator(store, Cf::kStrings, &upper_slice);
-  wire::AlignedStorage storage;
-  for (it->Seek(prefix); it->Valid(); it->Next()) {
-    auto def = OpenValue<wire::CommunicatorDef>(it->value(), &storage);
-    if (!def.ok()) continue;
-    aligner::Communicator c;
-    c.id = (*def)->id();
-    c.name = (*def)->name() ? (*def)->name()->str() : std::string();
-    if ((*def)->ranks()) c.ranks.assign((*def)->ranks()->begin(), (*def)->ranks()->end());
-    out.push_back(std::move(c));
-  }
-  OPGUARD_RETURN_IF_ERROR(FromRocks(it->status(), "reading communicators"));
+  OPGUARD_RETURN_IF_ERROR(ScanKind<wire::CommunicatorDef>(
+      store, Cf::kStrings, keys::DefKindPrefix(run, keys::kCommunicatorKind), "reading communicators",
+      [&](const wire::CommunicatorDef& def) { out.push_back(CommunicatorFromWire(def)); }));
   return out;
 }
 
@@ -285,17 +230,18 @@ std::optional<aligner::OpDetail> StoreDetails::Find(uint32_t rank, uint32_t lane
   // the only chunk that can hold the op. The last chunk decoded is kept, as
   // pivots look up neighbouring ops.
   const std::string key = keys::OpKey(run_, rank, lane, op_index);
-  if (!(cached_valid_ && cached_key_.size() == 24 && cached_key_.compare(0, 16, key, 0, 16) == 0 &&
-        op_index <= keys::GetU64(cached_key_.data() + 16) && chunk_.size() > 0 &&
+  const std::string_view lane_prefix(key.data(), 16);  // run | rank | lane
+  if (!(cached_valid_ && std::string_view(cached_key_).starts_with(lane_prefix) &&
+        op_index <= keys::OpKeyIndex(cached_key_) && chunk_.size() > 0 &&
         op_index >= chunk_.op_index(0))) {
     cached_valid_ = false;
     it_->Seek(key);
-    if (!it_->Valid() || it_->key().size() != 24 ||
-        !it_->key().starts_with(rocksdb::Slice(key.data(), 16))) {
+    if (!it_->Valid() || it_->key().size() != keys::kOpKeySize ||
+        !it_->key().ToStringView().starts_with(lane_prefix)) {
       return std::nullopt;
     }
     cached_key_.assign(it_->key().data(), it_->key().size());
-    if (!chunk_.Open(keys::GetU64(cached_key_.data() + 16), it_->value().ToStringView(),
+    if (!chunk_.Open(keys::OpKeyIndex(cached_key_), it_->value().ToStringView(),
                      /*copy=*/true)) {
       return std::nullopt;
     }
@@ -340,16 +286,13 @@ uint64_t SiteBoundaries::Of(uint64_t site) {
 const std::vector<std::string>* SiteBoundaries::Lines(uint64_t file) {
   auto [it, added] = files_.try_emplace(file);
   if (added) {
-    std::string content;
-    auto s = store_->db()->Get(rocksdb::ReadOptions(), store_->cf(Cf::kSources),
-                               keys::SourceKey(run_, file), &content);
-    if (s.ok()) {
+    if (auto content = store_->GetSource(run_, file)) {
       std::vector<std::string> lines;
       size_t start = 0;
-      while (start <= content.size()) {
-        size_t end = content.find('\n', start);
-        if (end == std::string::npos) end = content.size();
-        lines.emplace_back(content, start, end - start);
+      while (start <= content->size()) {
+        size_t end = content->find('\n', start);
+        if (end == std::string::npos) end = content->size();
+        lines.emplace_back(*content, start, end - start);
         start = end + 1;
       }
       it->second = std::move(lines);
@@ -361,7 +304,7 @@ const std::vector<std::string>* SiteBoundaries::Lines(uint64_t file) {
 std::optional<std::string> StoreStrings::String(uint64_t id) const {
   std::lock_guard<std::mutex> lock(mu_);
   if (auto it = strings_.find(id); it != strings_.end()) return it->second;
-  auto defs = store_->GetDefs(run_, keys::kStringKind, {id});
+  auto defs = store_->GetStrings(run_, {id});
   std::optional<std::string> v;
   if (auto it = defs.find(id); it != defs.end()) v = it->second;
   strings_[id] = v;
@@ -371,11 +314,10 @@ std::optional<std::string> StoreStrings::String(uint64_t id) const {
 std::optional<aligner::StringResolver::Site> StoreStrings::SiteOf(uint64_t site_id) const {
   std::lock_guard<std::mutex> lock(mu_);
   if (auto it = sites_.find(site_id); it != sites_.end()) return it->second;
-  auto defs = store_->GetDefs(run_, keys::kSiteKind, {site_id});
+  auto defs = store_->GetSites(run_, {site_id});
   std::optional<Site> v;
-  if (auto it = defs.find(site_id); it != defs.end() && it->second.size() == 20) {
-    const char* p = it->second.data();
-    v = Site{keys::GetU64(p), keys::GetU32(p + 8), keys::GetU64(p + 12)};
+  if (auto it = defs.find(site_id); it != defs.end()) {
+    v = Site{it->second.file, it->second.line, it->second.function};
   }
   sites_[site_id] = v;
   return v;

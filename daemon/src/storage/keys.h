@@ -4,8 +4,13 @@
 // the 8-byte run-id prefix. Run ids are assigned by the daemon (monotone, never
 // reused), so a run deleted and re-created under the same name cannot meet
 // stale records.
+//
+// Every key (and the small fixed-size values: sites, steps) is built and
+// taken apart here and nowhere else. Included by the storage room and by
+// query/trace_source for its range scans; everyone else goes through Store.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -27,8 +32,7 @@ inline constexpr char kCommunicatorKind = 'c';
 // Kinds inside the events column family, after run id and rank.
 inline constexpr char kStepKind = 's';
 inline constexpr char kGapKind = 'g';
-// Collective gaps: run(8) | rank(4) | 'G' | communicator(8) | first_seq(8).
-inline constexpr char kCollectiveGapKind = 'G';
+inline constexpr char kCollectiveGapKind = 'G';  // see CollectiveGapKey
 // Meta keys: 'I' next run id; 'N' name -> run meta; 'R' run id | rank -> rank state.
 inline constexpr char kMetaNextId = 'I';
 inline constexpr char kMetaRun = 'N';
@@ -40,23 +44,47 @@ uint32_t GetU32(const char* p);
 uint64_t GetU64(const char* p);
 
 // ops: run(8) | rank(4) | lane(4) | op_index(8)
+inline constexpr size_t kOpKeySize = 24;
 std::string OpKey(uint64_t run, uint32_t rank, uint32_t lane, uint64_t op_index);
+// The same key without a heap allocation (ingest writes one per chunk).
+void EncodeOpKey(char (&out)[kOpKeySize], uint64_t run, uint32_t rank, uint32_t lane,
+                 uint64_t op_index);
+// Fields of an op key of kOpKeySize bytes.
+uint32_t OpKeyLane(std::string_view key);
+uint64_t OpKeyIndex(std::string_view key);
 // Prefix of every op of (run, rank, lane).
 std::string LanePrefix(uint64_t run, uint32_t rank, uint32_t lane);
 // collectives: run(8) | communicator(8) | seq(8) | rank(4) | phase(1)
+inline constexpr size_t kCollectiveKeySize = 29;
 std::string CollectiveKey(uint64_t run, uint64_t communicator, uint64_t seq, uint32_t rank,
                           uint8_t phase);
+uint32_t CollectiveKeyRank(std::string_view key);  // of a kCollectiveKeySize key
 // strings: run(8) | kind(1) | id(8)
 std::string DefKey(uint64_t run, char kind, uint64_t id);
+// Prefix of every definition of one kind of `run`.
+std::string DefKindPrefix(uint64_t run, char kind);
 // sources: run(8) | file string id(8)
 std::string SourceKey(uint64_t run, uint64_t file);
 // events: run(8) | rank(4) | kind(1) | lane(4) | op index or step(8)
 std::string EventKey(uint64_t run, uint32_t rank, char kind, uint32_t lane, uint64_t index);
+// events, collective gaps: run(8) | rank(4) | 'G' | communicator(8) | first_seq(8)
+std::string CollectiveGapKey(uint64_t run, uint32_t rank, uint64_t communicator, uint64_t first_seq);
+// Prefix of every event of one kind of (run, rank).
+std::string EventKindPrefix(uint64_t run, uint32_t rank, char kind);
 // meta
 std::string MetaNextIdKey();
 std::string MetaRunKey(std::string_view name);
 std::string MetaRankKey(uint64_t run, uint32_t rank);
 // [RunBegin(run), RunBegin(run + 1)) covers every key of `run` in every data CF.
 std::string RunBegin(uint64_t run);
+// The first key after every key that starts with `prefix`, whose last byte
+// is a kind below 0xff: the upper bound of a scan over one kind.
+std::string KindUpperBound(std::string prefix);
+
+// Values of the strings CF kind 't' (site): file(8) | line(4) | function(8).
+std::string SiteValue(uint64_t file, uint32_t line, uint64_t function);
+bool DecodeSiteValue(std::string_view value, uint64_t* file, uint32_t* line, uint64_t* function);
+// Values of the events CF kind 's' (step mark): op_index(8) | time_ns(8).
+std::string StepValue(uint64_t op_index, uint64_t time_ns);
 
 }  // namespace opguard::daemon::keys

@@ -1,0 +1,55 @@
+// One verified Batch's records into a StoreBatch: definitions, op chunks,
+// collectives, step marks, gap notices and sources, each under the keys
+// storage/ assigns. The registry side of a batch (which run, dedup, counters)
+// stays with Ingest; this only writes and counts what it wrote.
+//
+// Private to the ingest room. Used by the receiver thread only; keeps its
+// scratch (open chunks, a FlatBufferBuilder) across batches so a batch
+// allocates nothing in the steady state.
+#pragma once
+
+#include <flatbuffers/flatbuffers.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "opguard/idl/envelope.h"
+#include "storage/op_chunk.h"
+#include "storage/store.h"
+
+namespace opguard::daemon {
+
+// What one batch (or a commit group, summed) wrote.
+struct RecordCounts {
+  uint64_t ops = 0, collectives = 0, steps = 0;  // collectives: completed records
+  uint64_t strings = 0, sites = 0, sources = 0;
+  uint64_t gap_notices = 0, op_gap_records = 0, collective_gap_records = 0;
+
+  RecordCounts& operator+=(const RecordCounts& o);
+};
+
+class BatchWriter {
+ public:
+  explicit BatchWriter(ChunkCodec codec) : codec_(codec) {}
+
+  // `buffer` of `bytes`: the verified message that holds `batch`, whose
+  // records are stored under run id `run`.
+  RecordCounts Write(const wire::Batch& batch, const uint8_t* buffer, size_t bytes, uint64_t run,
+                     StoreBatch* out);
+
+ private:
+  void PutDefinitions(const wire::Batch& batch, uint64_t run, StoreBatch* out, RecordCounts* n);
+  void PutOps(const wire::Batch& batch, const uint8_t* buffer, size_t bytes, uint64_t run,
+              StoreBatch* out, RecordCounts* n);
+  void PutCollectives(const wire::Batch& batch, uint64_t run, StoreBatch* out, RecordCounts* n);
+  void PutSteps(const wire::Batch& batch, uint64_t run, StoreBatch* out, RecordCounts* n);
+  void PutGaps(const wire::Batch& batch, uint64_t run, StoreBatch* out, RecordCounts* n);
+  void PutSources(const wire::Batch& batch, uint64_t run, StoreBatch* out, RecordCounts* n);
+
+  const ChunkCodec codec_;  // storage.compression, applied to each ops chunk
+  flatbuffers::FlatBufferBuilder fbb_{1024};
+  std::vector<OpChunkWriter> chunks_;  // one open chunk per lane of a batch
+  std::vector<uint32_t> chunk_lanes_;
+};
+
+}  // namespace opguard::daemon
