@@ -41,7 +41,8 @@ void Sender::ConnectionLost(Clock::time_point now) {
   // or received by a daemon whose ack can no longer reach us): it is sent
   // again, oldest first, once a connection is back. A resend is idempotent.
   if (!in_flight_.empty()) {
-    OPGUARD_LOG(LogLevel::kDebug, "connection to the daemon lost with " + std::to_string(in_flight_.size()) +
+    OPGUARD_LOG(LogLevel::kDebug, "connection to the daemon lost with " +
+                                      std::to_string(in_flight_.size()) +
                                       " batch(es) in flight; they are resent on reconnect");
   }
   for (uint64_t seq : in_flight_) {
@@ -54,7 +55,8 @@ void Sender::ConnectionLost(Clock::time_point now) {
   hold_sends_until_ = now + kReconnectHold;
 }
 
-bool Sender::TransmitEntry(uint64_t seq, Entry& e, Clock::time_point now, const Transmit& transmit) {
+bool Sender::TransmitEntry(uint64_t seq, Entry& e, Clock::time_point now,
+                           const Transmit& transmit) {
   if (!transmit(seq, e.batch, e.attempts != 0)) return false;
   if (!e.in_flight) {
     if (in_flight_.empty()) quiet_since_ = now;  // the silence is counted from here
@@ -83,10 +85,11 @@ void Sender::Send(Clock::time_point now, const Transmit& transmit) {
       }
       ++resent;
     }
-    OPGUARD_LOG(LogLevel::kDebug,
-                "no acknowledgement for " +
-                    std::to_string(std::chrono::duration_cast<milliseconds>(now - quiet_since_).count()) +
-                    " ms; resent " + std::to_string(resent) + " batch(es) in flight");
+    OPGUARD_LOG(
+        LogLevel::kDebug,
+        "no acknowledgement for " +
+            std::to_string(std::chrono::duration_cast<milliseconds>(now - quiet_since_).count()) +
+            " ms; resent " + std::to_string(resent) + " batch(es) in flight");
     backoff_ = std::min(backoff_ + 1, kMaxBackoffShift);
     quiet_since_ = now;
   } else if (!blocked && newest_acked_tx_ != 0) {

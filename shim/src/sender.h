@@ -20,6 +20,8 @@
 //    per silent round, or a later batch acknowledged first.
 #pragma once
 
+#include <flatbuffers/detached_buffer.h>
+
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -28,8 +30,6 @@
 #include <memory>
 #include <optional>
 #include <set>
-
-#include <flatbuffers/detached_buffer.h>
 
 namespace opguard::shim {
 
@@ -95,7 +95,9 @@ class Sender {
   size_t unsent() const { return pending_.size() - in_flight_.size(); }
   bool window_has_room() const { return in_flight_.size() < max_in_flight_; }
   // True when every batch below `seq` is settled.
-  bool SettledBelow(uint64_t seq) const { return pending_.empty() || pending_.begin()->first >= seq; }
+  bool SettledBelow(uint64_t seq) const {
+    return pending_.empty() || pending_.begin()->first >= seq;
+  }
   uint64_t pending_records() const;
 
  private:
