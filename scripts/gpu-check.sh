@@ -24,14 +24,15 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>
 # sm_90), plus PTX for newer devices to JIT from.
 ARCH="-gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=[sm_90,compute_90]"
 
-INC=(-I"$ROOT/cuda/include" -I"$ROOT/cuda/src" -I"$ROOT/common/include")
+INC=(-I"$ROOT/fingerprint/include" -I"$ROOT/fingerprint/src" -I"$ROOT/cuda/include"
+     -I"$ROOT/common/include")
 CXXFLAGS=(-std=c++20 -O2 -g -Wall -Wextra -ffp-contract=off -pthread)
 CUDA_INC="$(dirname "$(dirname "$(readlink -f "$NVCC")")")/include"
 
 echo "== fingerprint: building in $BUILD"
 start=$SECONDS
 pids=()
-"$CXX" "${CXXFLAGS[@]}" "${INC[@]}" -c "$ROOT/cuda/src/fingerprint.cc" -o "$BUILD/fingerprint.o" &
+"$CXX" "${CXXFLAGS[@]}" "${INC[@]}" -c "$ROOT/fingerprint/src/fingerprint.cc" -o "$BUILD/fingerprint.o" &
 pids+=($!)
 "$CXX" "${CXXFLAGS[@]}" "${INC[@]}" -c "$ROOT/common/src/hex.cc" -o "$BUILD/hex.o" &
 pids+=($!)
@@ -51,7 +52,7 @@ echo "   built in $((SECONDS - start)) s"
 
 echo "== fingerprint: GPU == CPU, then bandwidth"
 status=0
-timeout 420 "$BUILD/gpu_check" "$ROOT/cuda/testdata/vectors.txt" || status=$?
+timeout 420 "$BUILD/gpu_check" "$ROOT/fingerprint/testdata/vectors.txt" || status=$?
 echo "== fingerprint: exit $status"
 
 echo "== torch: the adapter against ${PYTHON:-python3}'s" \

@@ -18,10 +18,10 @@ ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 BUILD="${OPGUARD_BUILD_DIR:-$ROOT/build-release}"
 BIN="$BUILD/bench/daemon/daemon_ingest"
 only="$("$BIN" --cheap-senders --seconds "${INGEST_SECONDS:-12}" --json)"
-shim="$("$BIN" --loadgen "$BUILD/bench/loadgen/opguard-loadgen" \
+shim="$("$BIN" --loadgen "$BUILD/tools/loadgen/opguard-loadgen" \
           --loadgen-ops "${LOADGEN_OPS:-300000}" --json)"
 rate="${LOADGEN_RATE:-125000}"
-paced="$("$BIN" --loadgen "$BUILD/bench/loadgen/opguard-loadgen" --loadgen-rate "$rate" \
+paced="$("$BIN" --loadgen "$BUILD/tools/loadgen/opguard-loadgen" --loadgen-rate "$rate" \
           --loadgen-ops "$((rate * ${PACED_SECONDS:-8}))" --json)"
 /usr/bin/python3 - "$only" "$shim" "$paced" <<'PY'
 import json, sys

@@ -1,6 +1,6 @@
 // GPU check of the fingerprint, built and run by scripts/gpu-check.sh on a
 // machine with a GPU (no CMake, GoogleTest or benchmark library needed):
-//   1. the committed vectors (cuda/testdata/vectors.txt) on the GPU;
+//   1. the committed vectors (fingerprint/testdata/vectors.txt) on the GPU;
 //   2. GPU == CPU bits on random tensors of every dtype, 0 B to 1 GiB, at
 //      aligned and misaligned addresses, single and batched launches;
 //   3. a bandwidth table: GPU fingerprint vs device-to-device copy, the batch
@@ -302,7 +302,7 @@ void Bandwidth(Gpu& g) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string vectors = argc > 1 ? argv[1] : "cuda/testdata/vectors.txt";
+  const std::string vectors = argc > 1 ? argv[1] : "fingerprint/testdata/vectors.txt";
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
     std::fprintf(stderr, "gpu_check: no CUDA device\n");

@@ -26,20 +26,8 @@ using std::chrono::milliseconds;
 
 constexpr uint32_t kMaxDims = 64;
 constexpr size_t kMaxAckBytes = 1 << 20;
-
-// Flow control (docs/shim.md, Transport).
-// The adapted ack timeout stays within [OPGUARD_ACK_TIMEOUT_MS, 8 x that].
-constexpr int64_t kAckTimeoutCeilingFactor = 8;
-// Silent rounds double the wait before the window is resent again, up to 64x
-// (never beyond a minute unless the ack timeout itself is longer).
-constexpr uint32_t kMaxBackoffShift = 6;
-constexpr std::chrono::seconds kMaxStallWait{60};
 // The sender's connection monitor (one per context, so one name suffices).
 constexpr const char* kMonitorEndpoint = "inproc://opguard-shim-monitor";
-// After a lost connection nothing is sent until a new one has completed its
-// handshake (the old pipe may still take, and then drop, a message), or at
-// most this long if the monitor never says so.
-constexpr std::chrono::seconds kReconnectHold{2};
 
 size_t TensorBytes(const opguard_tensor& t) { return sizeof(TensorFixed) + size_t{t.ndim} * 8; }
 
@@ -122,7 +110,8 @@ Core::Core(const Config& config)
       lanes_(new LaneState[kMaxLanes]),
       ctx_(std::make_unique<zmq::context_t>(1)),
       encoder_(BatchIdentity{config.run, config.rank, session_}, config.batch_records,
-               config.max_source_bytes) {
+               config.max_source_bytes),
+      sender_(milliseconds(config.ack_timeout_ms), config.max_in_flight) {
   char host[256] = {};
   if (::gethostname(host, sizeof(host) - 1) != 0) std::strcpy(host, "unknown");
   announce_.node = host;
@@ -163,7 +152,7 @@ Status Core::StartSender() {
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &old);
   try {
-    sender_ = std::thread([this] { SenderMain(); });
+    sender_thread_ = std::thread([this] { SenderMain(); });
     sender_started_ = true;
   } catch (const std::exception& e) {
     pthread_sigmask(SIG_SETMASK, &old, nullptr);
@@ -635,7 +624,7 @@ int Core::Shutdown(uint32_t timeout_ms) {
   accepting_.store(false, std::memory_order_release);
   auto now = Clock::now();
   std::unique_lock<std::mutex> lock(wait_mu_);
-  if (!sender_.joinable() && sender_done_) return shutdown_clean_ ? OPGUARD_OK : OPGUARD_ERR_TIMEOUT;
+  if (!sender_thread_.joinable() && sender_done_) return shutdown_clean_ ? OPGUARD_OK : OPGUARD_ERR_TIMEOUT;
   if (!stop_requested_) {
     stop_requested_ = true;
     stop_deadline_ = now + milliseconds(timeout_ms);
@@ -644,16 +633,16 @@ int Core::Shutdown(uint32_t timeout_ms) {
   Wake();
   // The sender gives up by the deadline itself; the grace covers one loop turn.
   wait_cv_.wait_until(lock, deadline + milliseconds(1000), [&] { return sender_done_; });
-  // sender_ is joined or detached under wait_mu_, so two callers (the exit
+  // sender_thread_ is joined or detached under wait_mu_, so two callers (the exit
   // handler and a host thread) never both do it. A done sender never takes
   // wait_mu_ again, so joining it here cannot deadlock. One that is not done
   // yet (a long last encode) is detached rather than left joinable: it ends on
   // its own, and at exit the process must not wait for it.
-  if (sender_.joinable()) {
+  if (sender_thread_.joinable()) {
     if (sender_done_) {
-      sender_.join();
+      sender_thread_.join();
     } else {
-      sender_.detach();
+      sender_thread_.detach();
     }
   }
   return sender_done_ && shutdown_clean_ ? OPGUARD_OK : OPGUARD_ERR_TIMEOUT;
@@ -730,17 +719,14 @@ void Core::EncodeSome(size_t max_batches) {
   auto now = Clock::now();
   for (auto& b : batches) {
     actual += b.buffer.size();
-    uint64_t seq = b.seq;
-    Pending p;
-    p.bytes = std::make_shared<const flatbuffers::DetachedBuffer>(std::move(b.buffer));
-    p.batch = std::move(b);
-    p.created = now;
-    pending_.emplace(seq, std::move(p));
+    sender_.Add(b.seq,
+                Sender::Batch{std::make_shared<const flatbuffers::DetachedBuffer>(std::move(b.buffer)), b.records},
+                now);
   }
   // The staged bytes just encoded are replaced by their batches.
   unacked_bytes_.fetch_add(actual, std::memory_order_relaxed);
   unacked_bytes_.fetch_sub(consumed, std::memory_order_relaxed);
-  pending_batches_.store(pending_.size(), std::memory_order_relaxed);
+  pending_batches_.store(sender_.pending(), std::memory_order_relaxed);
   if (spare_offset_ >= spare_.size()) {
     encoding_ = false;
     spare_offset_ = 0;
@@ -772,16 +758,10 @@ void Core::ReceiveAcks(zmq::socket_t& sock) {
         ack->run()->string_view() != config_.run) {
       continue;  // an ack for another session (e.g. a previous process on this socket path)
     }
-    auto it = pending_.find(ack->seq());
-    if (it == pending_.end()) continue;  // duplicate ack after a resend
-    Pending& p = it->second;
-    if (p.in_flight) {
-      SampleAckLatency(now - p.first_send);
-      in_flight_.erase(it->first);
-    }
-    newest_acked_tx_ = std::max(newest_acked_tx_, p.tx);
+    std::optional<Sender::Batch> batch = sender_.Acknowledge(ack->seq(), now);
+    if (!batch) continue;  // duplicate ack after a resend
     progress = true;
-    uint32_t records = p.batch.records;
+    uint32_t records = batch->records;
     if (ack->code() == wire::AckCode::Durable) {
       records_acked_.fetch_add(records, std::memory_order_relaxed);
       batches_acked_.fetch_add(1, std::memory_order_relaxed);
@@ -795,64 +775,14 @@ void Core::ReceiveAcks(zmq::socket_t& sock) {
                                           " (" + why + "); dropping it (later rejections are only counted)");
       }
     }
-    unacked_bytes_.fetch_sub(it->second.bytes->size(), std::memory_order_relaxed);
-    pending_.erase(it);
+    unacked_bytes_.fetch_sub(batch->bytes->size(), std::memory_order_relaxed);
   }
   if (progress) {
-    // The daemon is alive and working through our batches: whatever else is
-    // in flight is queued there, not lost.
-    quiet_since_ = now;
-    last_ack_ = now;
-    backoff_ = 0;
+    ack_timeout_now_ms_.store(
+        static_cast<uint32_t>(std::chrono::duration_cast<milliseconds>(sender_.AckTimeout()).count()),
+        std::memory_order_relaxed);
   }
-  pending_batches_.store(pending_.size(), std::memory_order_relaxed);
-}
-
-void Core::SampleAckLatency(Clock::duration rtt) {
-  // Smoothed latency and deviation as TCP keeps them (RFC 6298).
-  if (!have_rtt_) {
-    srtt_ = rtt;
-    rttvar_ = rtt / 2;
-    have_rtt_ = true;
-  } else {
-    Clock::duration err = rtt > srtt_ ? rtt - srtt_ : srtt_ - rtt;
-    rttvar_ = (3 * rttvar_ + err) / 4;
-    srtt_ = (7 * srtt_ + rtt) / 8;
-  }
-  ack_timeout_now_ms_.store(static_cast<uint32_t>(std::chrono::duration_cast<milliseconds>(AckTimeout()).count()),
-                            std::memory_order_relaxed);
-}
-
-Clock::duration Core::AckTimeout() const {
-  const Clock::duration floor = milliseconds(config_.ack_timeout_ms);
-  if (!have_rtt_) return floor;
-  return std::clamp<Clock::duration>(2 * srtt_ + 4 * rttvar_, floor, floor * kAckTimeoutCeilingFactor);
-}
-
-Clock::duration Core::StallTimeout() const {
-  const Clock::duration timeout = AckTimeout();
-  const Clock::duration cap = std::max<Clock::duration>(timeout, kMaxStallWait);
-  return std::min<Clock::duration>(timeout * (int64_t{1} << backoff_), cap);
-}
-
-namespace {
-// A batch presumed lost alone is resent after the ack timeout, doubled for
-// each earlier attempt.
-Clock::duration LossTimeout(Clock::duration ack_timeout, uint32_t attempts) {
-  uint32_t shift = std::min(attempts > 0 ? attempts - 1 : 0, kMaxBackoffShift);
-  return ack_timeout * (int64_t{1} << shift);
-}
-}  // namespace
-
-Clock::time_point Core::NextResendCheck() const {
-  if (in_flight_.empty()) return Clock::time_point::max();
-  Clock::time_point at = quiet_since_ + StallTimeout();
-  const Clock::duration timeout = AckTimeout();
-  for (uint64_t seq : in_flight_) {
-    const Pending& p = pending_.at(seq);
-    if (p.tx < newest_acked_tx_) at = std::min(at, p.last_send + LossTimeout(timeout, p.attempts));
-  }
-  return at;
+  pending_batches_.store(sender_.pending(), std::memory_order_relaxed);
 }
 
 void Core::ReceiveMonitorEvents(zmq::socket_t& monitor) {
@@ -867,55 +797,28 @@ void Core::ReceiveMonitorEvents(zmq::socket_t& monitor) {
       if (!monitor.recv(part, zmq::recv_flags::none)) break;
       more = part.more();
     }
-    if (event == ZMQ_EVENT_DISCONNECTED) ConnectionLost();
-    if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) hold_sends_until_ = {};
+    if (event == ZMQ_EVENT_DISCONNECTED) sender_.ConnectionLost(Clock::now());
+    if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) sender_.ConnectionUp();
   }
 }
 
-void Core::ConnectionLost() {
-  // Whatever was in flight went with the connection (queued in ZeroMQ's pipe,
-  // or received by a daemon whose ack can no longer reach us): it is sent
-  // again, oldest first, once a connection is back. A resend is idempotent.
-  if (!in_flight_.empty()) {
-    OPGUARD_LOG(LogLevel::kDebug, "connection to the daemon lost with " + std::to_string(in_flight_.size()) +
-                                      " batch(es) in flight; they are resent on reconnect");
-  }
-  for (uint64_t seq : in_flight_) {
-    Pending& p = pending_.at(seq);
-    p.in_flight = false;
-    p.first_send = {};
-  }
-  in_flight_.clear();
-  backoff_ = 0;
-  hold_sends_until_ = Clock::now() + kReconnectHold;
-}
-
-bool Core::Transmit(zmq::socket_t& sock, uint64_t seq, Pending& p, Clock::time_point now) {
+bool Core::Transmit(zmq::socket_t& sock, const Sender::Batch& batch, bool resend) {
   // Zero-copy: the message points at the batch buffer and holds a reference
   // to it, released by ZeroMQ (on its I/O thread, or here if the send fails)
   // once the bytes are written or dropped. The buffer is never written again.
   using Ref = std::shared_ptr<const flatbuffers::DetachedBuffer>;
   zmq::message_t msg(
-      const_cast<uint8_t*>(p.bytes->data()), p.bytes->size(),
-      [](void*, void* ref) { delete static_cast<Ref*>(ref); }, new Ref(p.bytes));
+      const_cast<uint8_t*>(batch.bytes->data()), batch.bytes->size(),
+      [](void*, void* ref) { delete static_cast<Ref*>(ref); }, new Ref(batch.bytes));
   auto ok = sock.send(msg, zmq::send_flags::dontwait);
   if (!ok) return false;  // not connected (ZMQ_IMMEDIATE) or high-water mark: retry later
-  if (p.attempts == 0) {
+  if (!resend) {
     batches_sent_.fetch_add(1, std::memory_order_relaxed);
-    records_sent_.fetch_add(p.batch.records, std::memory_order_relaxed);
+    records_sent_.fetch_add(batch.records, std::memory_order_relaxed);
   } else {
     batches_resent_.fetch_add(1, std::memory_order_relaxed);
   }
-  bytes_sent_.fetch_add(p.bytes->size(), std::memory_order_relaxed);
-  if (!p.in_flight) {
-    if (in_flight_.empty()) quiet_since_ = now;  // the silence is counted from here
-    p.in_flight = true;
-    p.first_send = now;
-    in_flight_.insert(seq);
-  }
-  p.tx = ++next_tx_;
-  p.last_send = now;
-  ++p.attempts;
+  bytes_sent_.fetch_add(batch.bytes->size(), std::memory_order_relaxed);
   return true;
 }
 
@@ -924,60 +827,16 @@ void Core::SendPending(zmq::socket_t& sock) {
   // too busy (encoding, a starved CPU) to read: take them first.
   ReceiveAcks(sock);
   const Clock::time_point now = Clock::now();
-  const Clock::duration timeout = AckTimeout();
-  bool blocked = now < hold_sends_until_;  // connection lost, no new one yet
-  if (!blocked && !in_flight_.empty() && now - quiet_since_ >= StallTimeout()) {
-    // No ack at all for a whole (backed-off) timeout while batches are in
-    // flight: a daemon that restarted without us seeing the connection drop,
-    // or lost acks. Resend the window, oldest first; wait twice as long next time.
-    size_t resent = 0;
-    for (uint64_t seq : in_flight_) {
-      if (!Transmit(sock, seq, pending_.at(seq), now)) {
-        blocked = true;
-        break;
-      }
-      ++resent;
-    }
-    OPGUARD_LOG(LogLevel::kDebug,
-                "no acknowledgement for " +
-                    std::to_string(std::chrono::duration_cast<milliseconds>(now - quiet_since_).count()) +
-                    " ms; resent " + std::to_string(resent) + " batch(es) in flight");
-    backoff_ = std::min(backoff_ + 1, kMaxBackoffShift);
-    quiet_since_ = now;
-  } else if (!blocked && newest_acked_tx_ != 0) {
-    // Acks come back in send order: a batch sent before one that has been
-    // acknowledged, and still unanswered after the ack timeout, was lost
-    // (or its ack was). Resend it alone; acks are flowing, so the rest of
-    // the window is merely queued at the daemon and is left alone.
-    for (uint64_t seq : in_flight_) {
-      Pending& p = pending_.at(seq);
-      if (p.tx < newest_acked_tx_ && now - p.last_send >= LossTimeout(timeout, p.attempts)) {
-        if (!Transmit(sock, seq, p, now)) {
-          blocked = true;
-          break;
-        }
-      }
-    }
-  }
-  // New batches (and those a lost connection took), oldest first, while the
-  // window has room; the rest wait in the bounded buffer.
-  for (auto it = pending_.begin(); !blocked && it != pending_.end() && in_flight_.size() < config_.max_in_flight;
-       ++it) {
-    if (it->second.in_flight) continue;
-    if (!Transmit(sock, it->first, it->second, now)) break;
-  }
-  if (!warned_unreachable_ && !pending_.empty()) {
+  sender_.Send(now, [&](uint64_t, const Sender::Batch& batch, bool resend) {
+    return Transmit(sock, batch, resend);
+  });
+  if (!warned_unreachable_ && sender_.LooksUnreachable(now)) {
     // Nothing acknowledged since the oldest batch was made (a slow daemon
     // that still acks holds batches back too, but is not unreachable).
-    const Pending& oldest = pending_.begin()->second;
-    if (now - oldest.created >= std::max<Clock::duration>(timeout, milliseconds(2000)) &&
-        last_ack_ < oldest.created) {
-      warned_unreachable_ = true;
-      OPGUARD_LOG(LogLevel::kWarn, "no acknowledgement from the daemon at " + config_.endpoint +
-                                       " yet; buffering up to " +
-                                       std::to_string(config_.buffer_bytes >> 20) +
-                                       " MiB, then dropping records with gap notices");
-    }
+    warned_unreachable_ = true;
+    OPGUARD_LOG(LogLevel::kWarn, "no acknowledgement from the daemon at " + config_.endpoint +
+                                     " yet; buffering up to " + std::to_string(config_.buffer_bytes >> 20) +
+                                     " MiB, then dropping records with gap notices");
   }
 }
 
@@ -1025,16 +884,16 @@ void Core::SenderLoop() {
     // How long we may sleep: the next time cut (or, while a cut is being
     // encoded, until fewer than a window of batches wait unsent), a retry of
     // unsent batches, the earliest resend, the stop deadline.
-    const size_t unsent = pending_.size() - in_flight_.size();
+    const size_t unsent = sender_.unsent();
     Clock::duration wait = next_cut - now;
     if (encoding_) wait = unsent < config_.max_in_flight ? Clock::duration::zero() : milliseconds(1000);
     // Batches waiting while the window has room: the last send failed (no
     // connection yet, or ZeroMQ's high-water mark); retry soon. With a full
     // window, an ack (socket readable) or a resend check wakes us instead.
-    if (unsent > 0 && in_flight_.size() < config_.max_in_flight) {
+    if (unsent > 0 && sender_.window_has_room()) {
       wait = std::min<Clock::duration>(wait, milliseconds(5));
     }
-    if (Clock::time_point resend_at = NextResendCheck(); resend_at != Clock::time_point::max()) {
+    if (Clock::time_point resend_at = sender_.NextResendCheck(); resend_at != Clock::time_point::max()) {
       wait = std::min<Clock::duration>(wait, resend_at - now);
     }
     if (stopping) wait = std::min<Clock::duration>(wait, stop_deadline - now);
@@ -1085,7 +944,7 @@ void Core::SenderLoop() {
         Cut(/*end_of_run=*/false);
         next_cut = now + interval;
       }
-      size_t unsent = pending_.size() - in_flight_.size();
+      size_t unsent = sender_.unsent();
       if (encoding_ && unsent < config_.max_in_flight) EncodeSome(config_.max_in_flight - unsent);
     }
     if (flush_gen > flush_gen_handled) {
@@ -1094,22 +953,19 @@ void Core::SenderLoop() {
     }
     SendPending(sock);
 
-    bool settled_to_target = pending_.empty() || pending_.begin()->first >= flush_target_seq;
-    if (flush_gen_handled != 0 && settled_to_target) {
+    if (flush_gen_handled != 0 && sender_.SettledBelow(flush_target_seq)) {
       std::lock_guard<std::mutex> lock(wait_mu_);
       if (flush_completed_ < flush_gen_handled) {
         flush_completed_ = flush_gen_handled;
         wait_cv_.notify_all();
       }
     }
-    if (stopping && (pending_.empty() || Clock::now() >= stop_deadline)) break;
+    if (stopping && (sender_.pending() == 0 || Clock::now() >= stop_deadline)) break;
   }
-  bool clean = pending_.empty();
+  bool clean = sender_.pending() == 0;
   if (!clean) {
-    uint64_t records = 0;
-    for (const auto& [seq, p] : pending_) records += p.batch.records;
-    OPGUARD_LOG(LogLevel::kWarn, std::to_string(records) + " record(s) in " +
-                                     std::to_string(pending_.size()) +
+    OPGUARD_LOG(LogLevel::kWarn, std::to_string(sender_.pending_records()) + " record(s) in " +
+                                     std::to_string(sender_.pending()) +
                                      " batch(es) were not acknowledged by the daemon at " +
                                      config_.endpoint + " before the flush deadline; they are lost");
   }

@@ -5,22 +5,20 @@
 //  - producer calls (Record*, Intern, Site, ...) come from any host thread;
 //    they take mu_ for a short copy and never wait for anything else;
 //  - one sender thread ("opguard-send") owns the ZeroMQ socket, the encoder
-//    and the unacknowledged batches, and does the flow control: at most
-//    max_in_flight batches sent and unacknowledged, resends only on evidence
-//    of loss (a lost connection, a later batch acknowledged first, or no ack
-//    at all for a timeout that adapts to the ack latency and backs off);
+//    and the Sender (sender.h), which holds the unacknowledged batches and
+//    decides what to send and resend; this file drives it with the socket's
+//    acks, the connection monitor's events and the clock;
 //  - Flush/Shutdown wait on condition variables with a deadline.
 // The object is created once per process by the C API and never destroyed
 // while the process may still call it (see c_api.cc).
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <mutex>
-#include <set>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -33,6 +31,7 @@
 #include "config.h"
 #include "encoder.h"
 #include "opguard/shim.h"
+#include "sender.h"
 #include "staging.h"
 
 namespace opguard::shim {
@@ -100,22 +99,6 @@ class Core {
   struct CollGap {
     uint64_t first = 0, last = 0, count = 0;
   };
-  struct Pending {
-    EncodedBatch batch;  // batch.buffer is moved into `bytes`
-    // The encoded batch, shared with ZeroMQ while a transmission of it is
-    // queued: messages are sent without a copy (Transmit), and the buffer
-    // goes when both the ack and ZeroMQ are done with it.
-    std::shared_ptr<const flatbuffers::DetachedBuffer> bytes;
-    bool in_flight = false;  // sent on the current connection, not yet acknowledged
-    uint32_t attempts = 0;   // transmissions so far (all connections)
-    uint64_t tx = 0;         // number of its latest transmission (Core::next_tx_)
-    std::chrono::steady_clock::time_point last_send{};
-    // First transmission on the current connection: the ack latency is
-    // measured from here, so a resend never makes the latency look shorter.
-    std::chrono::steady_clock::time_point first_send{};
-    std::chrono::steady_clock::time_point created{};
-  };
-
   explicit Core(const Config& config);
   Status StartSender();
 
@@ -143,23 +126,14 @@ class Core {
   // a backlog is encoded a window at a time and acks are not kept waiting.
   void EncodeSome(size_t max_batches);
   void ReceiveAcks(zmq::socket_t& sock);
-  // Takes the acks that arrived, then resends what is presumed lost and sends
-  // new batches while the window has room.
+  // Takes the acks that arrived, then lets sender_ resend what is presumed
+  // lost and send new batches while the window has room.
   void SendPending(zmq::socket_t& sock);
-  // Sends one batch (first time or again); false when ZeroMQ would not take it.
-  bool Transmit(zmq::socket_t& sock, uint64_t seq, Pending& p, std::chrono::steady_clock::time_point now);
+  // Puts one batch on the wire (first time or again) without copying it;
+  // false when ZeroMQ would not take it.
+  bool Transmit(zmq::socket_t& sock, const Sender::Batch& batch, bool resend);
   // Connection monitor: a lost connection loses what was in flight on it.
   void ReceiveMonitorEvents(zmq::socket_t& monitor);
-  void ConnectionLost();
-  void SampleAckLatency(std::chrono::steady_clock::duration rtt);
-  // The ack timeout: OPGUARD_ACK_TIMEOUT_MS, raised to 2 x smoothed ack
-  // latency + 4 x its deviation, at most kAckTimeoutCeilingFactor x the configured one.
-  std::chrono::steady_clock::duration AckTimeout() const;
-  // How long the daemon may stay silent, with batches in flight, before the
-  // window is resent: the ack timeout, doubled per silent round (capped).
-  std::chrono::steady_clock::duration StallTimeout() const;
-  // Earliest time the sender must wake for a resend (time_point::max if none).
-  std::chrono::steady_clock::time_point NextResendCheck() const;
   AnnounceInfo SnapshotAnnounce();
 
   const Config config_;
@@ -207,7 +181,7 @@ class Core {
 
   // ---- sender thread only ----------------------------------------------------------
   std::unique_ptr<zmq::context_t> ctx_;
-  std::thread sender_;           // joined or detached under wait_mu_ (Shutdown)
+  std::thread sender_thread_;    // joined or detached under wait_mu_ (Shutdown)
   bool sender_started_ = false;  // set once by StartSender, before the Core is shared
   BatchEncoder encoder_;
   StagingBuffer spare_;           // the cut being encoded
@@ -217,17 +191,7 @@ class Core {
   bool spare_announce_due_ = false;  // spare_announce_ goes into the cut's first batch
   AnnounceInfo spare_announce_;
   uint64_t next_seq_ = 0;
-  std::map<uint64_t, Pending> pending_;
-  // Flow control. Acks come back in send order on one connection.
-  std::set<uint64_t> in_flight_;  // seqs of pending_ entries with in_flight set
-  uint64_t next_tx_ = 0;          // transmissions numbered from 1
-  uint64_t newest_acked_tx_ = 0;  // latest transmission whose batch was acknowledged
-  std::chrono::steady_clock::time_point quiet_since_{};  // last ack, or window (re)started
-  std::chrono::steady_clock::time_point last_ack_{};
-  std::chrono::steady_clock::time_point hold_sends_until_{};  // see ConnectionLost
-  uint32_t backoff_ = 0;          // silent rounds since the last ack
-  bool have_rtt_ = false;
-  std::chrono::steady_clock::duration srtt_{}, rttvar_{};
+  Sender sender_;
   bool warned_unreachable_ = false;
   bool warned_rejected_ = false;
 };

@@ -1,5 +1,5 @@
 // The committed test vectors: which inputs (seed, dtype, shape) make up
-// cuda/testdata/vectors.txt, and how the file is read and written. Header-only
+// fingerprint/testdata/vectors.txt, and how the file is read and written. Header-only
 // so the GPU check (scripts/gpu-check.sh) can build it without CMake.
 #pragma once
 

@@ -46,7 +46,7 @@ inline std::vector<uint8_t> Bytes(uint64_t seed, uint64_t size) {
   return out;
 }
 
-// One line of cuda/testdata/vectors.txt:
+// One line of fingerprint/testdata/vectors.txt:
 //   <seed> <dtype name> <shape: D0,D1,... or "-" for rank 0> <32 hex digits>
 struct Vector {
   uint64_t seed = 0;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Integration test of the real `opguard fingerprint` binary: results match the
-# committed vectors (cuda/testdata/vectors.txt), --json carries the stats, and
+# committed vectors (fingerprint/testdata/vectors.txt), --json carries the stats, and
 # every bad input gives exactly one line on stderr, nothing on stdout and a
 # non-zero exit.   usage: fingerprint_cli_test.sh PATH/TO/opguard
 set -euo pipefail

@@ -2,7 +2,7 @@
 // definition used by both the CPU path (fingerprint.cc) and the CUDA kernels
 // (fingerprint_kernels.cu), so the two cannot drift apart. docs/fingerprint.md
 // is the prose version; a change here is a format change (update the spec and
-// regenerate cuda/testdata/vectors.txt).
+// regenerate fingerprint/testdata/vectors.txt).
 //
 // Shape of the hash: the tensor's logical bytes are read as little-endian
 // 64-bit words w[p] (last word zero-padded). Word p, in block b = p / 256 at

@@ -1,7 +1,7 @@
-// Prints cuda/testdata/vectors.txt. Run only after an intended change of the
+// Prints fingerprint/testdata/vectors.txt. Run only after an intended change of the
 // specification (docs/fingerprint.md); the unit tests and the GPU check read
 // the committed file.
-//   fingerprint_vectors > cuda/testdata/vectors.txt
+//   fingerprint_vectors > fingerprint/testdata/vectors.txt
 #include <cstdio>
 
 #include "fingerprint_vectors.h"
