@@ -31,7 +31,7 @@ json ParseJson(const std::string& out) {
 class ClusterTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!std::filesystem::exists(OPGUARD_LOADGEN_PATH)) GTEST_SKIP() << "opguard-loadgen not built";
+    ASSERT_TRUE(std::filesystem::exists(OPGUARD_LOADGEN_PATH)) << OPGUARD_LOADGEN_PATH << " not built";
   }
 
   DaemonProcess& StartDaemon(std::vector<std::string> args = {}) {
