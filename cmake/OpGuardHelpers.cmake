@@ -1,5 +1,8 @@
 # opguard_add_test(NAME LABEL <unit|integration|e2e|browser> SOURCES ... LIBS ...)
 # A GoogleTest binary registered with ctest, one ctest entry per test case.
+# Unit-test binaries also join opguard_unit_tests, the target that builds
+# everything `ctest -L unit` runs (scripts/test.sh's sanitizer pass).
+add_custom_target(opguard_unit_tests)
 function(opguard_add_test name)
   cmake_parse_arguments(T "" "LABEL;TIMEOUT" "SOURCES;LIBS" ${ARGN})
   if(NOT T_LABEL)
@@ -10,6 +13,9 @@ function(opguard_add_test name)
   endif()
   add_executable(${name} ${T_SOURCES})
   target_link_libraries(${name} PRIVATE ${T_LIBS} GTest::gtest GTest::gtest_main opguard_options)
+  if(T_LABEL STREQUAL "unit")
+    add_dependencies(opguard_unit_tests ${name})
+  endif()
   gtest_discover_tests(${name}
     PROPERTIES LABELS ${T_LABEL} TIMEOUT ${T_TIMEOUT}
     DISCOVERY_TIMEOUT 60)

@@ -7,6 +7,8 @@
 # The build lives in $OPGUARD_BUILD_DIR (default <repo>/build-<sanitizer>), is
 # Debug (OPGUARD_SANITIZE_BUILD_TYPE to change it), without CUDA, Torch and
 # benchmarks. OPGUARD_JOBS sets the build and ctest parallelism (default nproc).
+# OPGUARD_SANITIZE_TARGET builds one target instead of all (opguard_unit_tests
+# for the unit tests alone, as scripts/test.sh does).
 # Any sanitizer report fails the test that triggered it (halt_on_error).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -27,7 +29,7 @@ cmake -S "$ROOT" -B "$BUILD" \
   -DOPGUARD_WITH_CUDA=OFF -DOPGUARD_WITH_TORCH=OFF -DOPGUARD_BUILD_BENCH=OFF \
   -DCMAKE_BUILD_TYPE="$BUILD_TYPE" \
   ${OPGUARD_CMAKE_ARGS:-}
-cmake --build "$BUILD" -j "$JOBS"
+cmake --build "$BUILD" -j "$JOBS" ${OPGUARD_SANITIZE_TARGET:+--target "$OPGUARD_SANITIZE_TARGET"}
 
 # Options common to every sanitizer: stop at the first report and abort, so
 # the test fails even when a child process (forked rank, API child) reports.

@@ -1,12 +1,22 @@
 #!/usr/bin/env bash
 # The one test command: installs dependencies, configures, builds (warnings
-# are errors), runs every test with ctest. Exits non-zero on any failure.
+# are errors), runs every test with ctest, then a short AddressSanitizer pass
+# over the unit tests. Exits non-zero on any failure, and also when the run
+# lost coverage: an expected label (unit, integration, e2e) with no test, or
+# a test skipped that tests/expected-skips.txt does not allow
+# (scripts/check_test_run.py).
 #   scripts/test.sh                 # everything
-#   scripts/test.sh -L unit         # extra arguments go to ctest
+#   scripts/test.sh -L unit         # extra arguments go to the main ctest run
+# OPGUARD_TEST_ASAN=0 leaves out the AddressSanitizer pass (build in
+# $OPGUARD_ASAN_BUILD_DIR, default <repo>/build-asan).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${OPGUARD_BUILD_DIR:-$ROOT/build}"
 JOBS="${OPGUARD_JOBS:-$(nproc)}"
+# ctest keeps only 1 KiB of a passing test's output unless told otherwise;
+# the skip check reads all of it.
+JUNIT_ARGS=(--test-output-size-passed 4000000 --test-output-size-failed 4000000)
+CHECK=(python3 "$ROOT/scripts/check_test_run.py" --allow "$ROOT/tests/expected-skips.txt")
 
 "$ROOT/scripts/setup-deps.sh"
 
@@ -14,4 +24,20 @@ cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DOPGUARD_WERROR=
   ${OPGUARD_CMAKE_ARGS:-}
 cmake --build "$BUILD" -j "$JOBS"
 cd "$BUILD"
-ctest --output-on-failure -j "$JOBS" --timeout 600 "$@"
+rc=0
+ctest --output-on-failure -j "$JOBS" --timeout 600 --no-tests=error \
+  --output-junit "$BUILD/ctest-main.xml" "${JUNIT_ARGS[@]}" "$@" || rc=1
+"${CHECK[@]}" --build "$BUILD" --junit "$BUILD/ctest-main.xml" \
+  --labels unit,integration,e2e || rc=1
+[[ $rc == 0 ]] || exit "$rc"
+
+if [[ "${OPGUARD_TEST_ASAN:-1}" != 0 ]]; then
+  # The unit tests only (no PyTorch adapter, no CUDA), Debug with ASan: the
+  # integration suites run under all three sanitizers in scripts/sanitize.sh.
+  ASAN_BUILD="${OPGUARD_ASAN_BUILD_DIR:-$ROOT/build-asan}"
+  OPGUARD_BUILD_DIR="$ASAN_BUILD" OPGUARD_SANITIZE_TARGET=opguard_unit_tests \
+    "$ROOT/scripts/sanitize.sh" address -L '^unit$' --no-tests=error \
+    --output-junit "$ASAN_BUILD/ctest-asan.xml" "${JUNIT_ARGS[@]}" || rc=1
+  "${CHECK[@]}" --build "$ASAN_BUILD" --junit "$ASAN_BUILD/ctest-asan.xml" --labels unit || rc=1
+fi
+exit "$rc"

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 #include "test_util.h"
 
 namespace opguard::aligner {
@@ -49,10 +51,21 @@ TEST(CheckCollectives, DesyncReportsEachRanksSite) {
   ASSERT_EQ(rep.desyncs.size(), 1u);
   EXPECT_EQ(rep.desyncs[0].seq, 3u);
   EXPECT_EQ(rep.desyncs[0].fields, (std::vector<std::string>{"count", "kind"}));
-  ASSERT_EQ(rep.desyncs[0].members.size(), 3u);
-  EXPECT_EQ(rep.desyncs[0].members[1].site.file, "train.py");
-  EXPECT_EQ(rep.desyncs[0].members[1].site.line, 88u);
+  EXPECT_EQ(rep.desyncs[0].communicator, 5u);
   EXPECT_EQ(rep.desyncs[0].communicator_name, "dp");
+  // Every member, with what it called and where.
+  const std::vector<std::tuple<uint32_t, std::string, uint64_t>> expected{
+      {0, "all_reduce", 1024}, {1, "all_reduce", 2048}, {2, "all_gather", 1024}};
+  ASSERT_EQ(rep.desyncs[0].members.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const CollectiveMember& m = rep.desyncs[0].members[i];
+    EXPECT_EQ(std::tie(m.rank, m.kind, m.count), expected[i]) << i;
+    EXPECT_EQ(m.dtype, "float32") << i;
+    EXPECT_EQ(m.site.file, "train.py") << i;
+    EXPECT_EQ(m.site.function, "reduce_grads") << i;
+    EXPECT_EQ(m.site.line, 88u) << i;
+  }
+  EXPECT_TRUE(rep.mismatches.empty());
 }
 
 TEST(CheckCollectives, PointToPointIsNotADesync) {
@@ -137,7 +150,17 @@ TEST(CompareReplicas, OddRankIsTheOneOutsideTheMajority) {
   ASSERT_TRUE(rep.ok());
   EXPECT_EQ(rep->status, DiffStatus::kDiverged);
   EXPECT_EQ(rep->odd_ranks, std::vector<uint32_t>{2});
-  EXPECT_EQ(rep->first_divergence->reference.op_index, 2u);
+  // Rank 2's C, against the base rank's C: same inputs, another output.
+  ASSERT_TRUE(rep->first_divergence);
+  const FirstDivergence& fd = *rep->first_divergence;
+  EXPECT_EQ(fd.rank, 2u);
+  EXPECT_EQ(fd.reference.rank, 0u);
+  EXPECT_EQ(fd.suspect.rank, 2u);
+  EXPECT_EQ(fd.reference.op_index, 2u);
+  EXPECT_EQ(fd.suspect.op_index, 2u);
+  EXPECT_EQ(fd.reference.output_digest, testing::Ev("C", 2).outputs);
+  EXPECT_EQ(fd.suspect.output_digest, testing::Ev("C#flip", 2).outputs);
+  EXPECT_TRUE(fd.inputs_equal);
 }
 
 TEST(CompareReplicas, BaseRankCanBeTheOddOne) {

@@ -9,6 +9,9 @@
 //                        already computed); items_per_second: calling-thread rate
 //   BM_EndToEnd          items_per_second: records recorded, sent, stored and
 //                        acknowledged per second
+//   BM_RecordOpWithoutDaemon  worst_us: the slowest single call while the
+//                        daemon is down (records queue, then drop; no call
+//                        may wait on the network)
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -109,6 +112,24 @@ void BM_EndToEnd(benchmark::State& state) {
   state.SetItemsProcessed(static_cast<int64_t>(records));
 }
 BENCHMARK(BM_EndToEnd)->Arg(200000)->MinTime(3.0)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+void BM_RecordOpWithoutDaemon(benchmark::State& state) {
+  SampleOp s;
+  g_daemon->Stop();
+  Clock::duration worst{};
+  uint64_t n = 0;
+  for (auto _ : state) {
+    s.out.fp_lo = n++;
+    auto t0 = Clock::now();
+    benchmark::DoNotOptimize(opguard_record_op(&s.op, nullptr));
+    worst = std::max(worst, Clock::now() - t0);
+  }
+  state.counters["worst_us"] = std::chrono::duration<double, std::micro>(worst).count();
+  state.SetItemsProcessed(static_cast<int64_t>(n));
+  g_daemon->Start();
+  opguard_flush(60000);
+}
+BENCHMARK(BM_RecordOpWithoutDaemon)->Iterations(200000)->UseRealTime();
 
 }  // namespace
 

@@ -572,22 +572,24 @@ TEST_F(CoreTest, NeverBlocksWithoutADaemon) {
   config_.buffer_bytes = 4 << 20;
   auto core = StartCore();
   ASSERT_TRUE(core);
-  auto start = Clock::now();
-  Clock::duration worst{};
-  for (int i = 0; i < 200000; ++i) {
-    auto t0 = Clock::now();
+  // No daemon: every call returns at once, OK while the buffer has room and
+  // DROPPED once it is full. A call that waited for the network would hang
+  // here until ctest's timeout. (How long a call takes without a daemon is
+  // shim_bench's BM_RecordOpWithoutDaemon.)
+  constexpr int kRecords = 200000;
+  int ok = 0, dropped = 0;
+  for (int i = 0; i < kRecords; ++i) {
     int rc = Record(*core, 0, i + 1);
-    worst = std::max(worst, Clock::now() - t0);
-    ASSERT_TRUE(rc == OPGUARD_OK || rc == OPGUARD_ERR_DROPPED);
+    ASSERT_TRUE(rc == OPGUARD_OK || rc == OPGUARD_ERR_DROPPED) << rc;
+    (rc == OPGUARD_OK ? ok : dropped)++;
   }
-  auto total = Clock::now() - start;
-  // 200k records take well under a second on any machine when nothing
-  // blocks; a call that waited for the network would take ack timeouts.
-  EXPECT_LT(total, std::chrono::seconds(5));
-  EXPECT_LT(worst, std::chrono::milliseconds(100));
-  auto t0 = Clock::now();
+  EXPECT_GT(ok, 0);
+  EXPECT_GT(dropped, 0);  // 4 MiB cannot hold 200k records
+  opguard_counters c = Counters(*core);
+  EXPECT_EQ(c.records_dropped, static_cast<uint64_t>(dropped));
+  EXPECT_EQ(c.records_acked, 0u);
+  // Shutdown gives up after its timeout rather than waiting for acks.
   EXPECT_EQ(core->Shutdown(200), OPGUARD_ERR_TIMEOUT);
-  EXPECT_LT(Clock::now() - t0, std::chrono::milliseconds(1500));
   EXPECT_EQ(Record(*core, 0, 1), OPGUARD_ERR_DISABLED);
 }
 

@@ -12,6 +12,11 @@ import harness
 TRAIN = harness.TRAIN
 RANKS = 4
 STEPS = 3
+# train_gpt.TinyGPT() has 37 parameters; without DDP each is all-reduced once
+# a step, after the step's broadcast.
+TINYGPT_PARAMETERS = 37
+# How a rank fails when a collective's peers never come (gloo's timeout).
+TIMEOUT_EXIT = r"Timed out"
 
 
 class Faults(harness.DaemonTestCase):
@@ -133,6 +138,19 @@ class Faults(harness.DaemonTestCase):
         self.assertEqual(len(report["replicas"]), 1, json.dumps(report)[:2000])
         return report, report["replicas"][0]
 
+    def assert_replica_pivot(self, group, rank, step):
+        """The odd replica's first differing op is SGD's update of the
+        corrupted gradient's parameter (param.add_(grad, alpha=-lr), inside
+        opt.step()), against the base rank's same update."""
+        first = group["first_divergence"]
+        self.assertEqual((first["rank"], first["step"], first["op"]), (rank, step, "aten::add_"),
+                         json.dumps(group)[:3000])
+        self.assertFalse(first["inputs_equal"])  # the gradient it read was already corrupted
+        line = harness.line_of(TRAIN, "opt.step()")
+        for run in ("reference", "suspect"):
+            self.assertEqual(os.path.basename(first["site"][run]["file"]), "train_gpt.py")
+            self.assertEqual(first["site"][run]["line"], line, first["site"])
+
     def test_clean_replicas_agree_on_their_optimizer_steps(self):
         # Every rank trains on its own data shard, so forward and backward ops
         # differ across ranks; the optimizer's steps (after the all-reduce)
@@ -153,13 +171,7 @@ class Faults(harness.DaemonTestCase):
         self.assertEqual(group["status"], "diverged", json.dumps(group)[:3000])
         self.assertEqual(group["odd_ranks"], [2])
         self.assertEqual(report["odd_ranks"], [2])
-        first = group["first_divergence"]
-        self.assertEqual(first["step"], 1)
-        self.assertTrue(first["op"].startswith("aten::"), first["op"])
-        self.assertFalse(first["inputs_equal"])  # the gradient it read was already corrupted
-        line = harness.line_of(TRAIN, "opt.step()")
-        for run in ("reference", "suspect"):
-            self.assertEqual(first["site"][run]["line"], line, first["site"])
+        self.assert_replica_pivot(group, rank=2, step=1)
         text = self.daemon.cli("ranks", "sdc", "--replicas", "0,1,2,3", check=False)
         self.assertEqual(text.returncode, 1, text.stdout + text.stderr)
         self.assertIn("disagreeing with the majority: rank(s) 2", text.stdout)
@@ -182,9 +194,7 @@ class Faults(harness.DaemonTestCase):
         _, group = self.replicas("ddp-sdc")
         self.assertEqual(group["status"], "diverged", json.dumps(group)[:3000])
         self.assertEqual(group["odd_ranks"], [3])
-        self.assertEqual(group["first_divergence"]["step"], 2)
-        line = harness.line_of(TRAIN, "opt.step()")
-        self.assertEqual(group["first_divergence"]["site"]["suspect"]["line"], line)
+        self.assert_replica_pivot(group, rank=3, step=2)
 
     def test_ddp_allreduce_carries_a_corrupted_weight_to_other_ranks(self):
         # DDP's reducer all-reduces gradient buckets from C++ during
@@ -216,22 +226,28 @@ class Faults(harness.DaemonTestCase):
 
     def test_desynchronized_collective(self):
         env = {"OPGUARD_FLUSH_TIMEOUT_MS": 20000}
-        with self.assertRaises(AssertionError):  # the job times out, as a real desync would
+        # The job fails as a real desync would: gloo's 10 s timeout in that
+        # broadcast, not any other error.
+        with self.assertRaisesRegex(AssertionError, TIMEOUT_EXIT):
             harness.train(self.site, self.daemon, "desync", ranks=RANKS, steps=STEPS,
                           fault="desync:1:1", extra_env=env, timeout=180,
                           args=["--timeout", "10"])
         report = self.daemon.cli_json("collectives", "desync")
+        self.assertEqual(report["status"], "diverged")
         self.assertEqual(len(report["desyncs"]), 1, json.dumps(report)[:3000])
         desync = report["desyncs"][0]
-        self.assertIn("root", desync["fields"])
+        self.assertEqual(desync["fields"], ["root"])
+        self.assertEqual(desync["communicator_name"], "world")
+        # Step 0's broadcast and all-reduces came first, in the same order on
+        # every rank; step 1's broadcast is the desync.
+        self.assertEqual(desync["seq"], 1 + TINYGPT_PARAMETERS, json.dumps(desync)[:3000])
         line = harness.line_of(TRAIN, "dist.broadcast(lr_scale")
         by_rank = {m["rank"]: m for m in desync["members"]}
         self.assertEqual(sorted(by_rank), list(range(RANKS)))
-        self.assertEqual(by_rank[1]["root"], 1)
-        for rank in (0, 2, 3):
-            self.assertEqual(by_rank[rank]["root"], 0)
-        for member in by_rank.values():
-            self.assertEqual(member["step"], 1)
+        for rank, member in by_rank.items():
+            self.assertEqual((member["kind"], member["root"], member["count"], member["step"]),
+                             ("broadcast", 1 if rank == 1 else 0, 1, 1), member)
+            self.assertEqual(os.path.basename(member["site"]["file"]), "train_gpt.py")
             self.assertEqual(member["site"]["line"], line)
 
 

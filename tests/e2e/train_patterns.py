@@ -4,7 +4,8 @@ under OPGUARD=1, a clean job must record identical runs: anything that
 changes from run to run (threads, arrival order, memory) is OpGuard's to
 keep out of the comparison.
 
-Launch: python3 train_patterns.py PATTERN (torch.multiprocessing.spawn).
+Launch: python3 train_patterns.py PATTERN (torch.multiprocessing.spawn);
+python3 train_patterns.py --missing names the patterns this torch cannot train.
 """
 import datetime
 import io
@@ -36,6 +37,29 @@ PATTERNS = {
     "torchscript": "a TorchScript module run each step",
 }
 DDP = ("ddp_buckets", "ddp_unused", "ddp_static_graph", "ddp_no_sync", "ddp_python_hook")
+
+
+def missing_features():
+    """{pattern: what this torch lacks} for the patterns it cannot train at
+    all (`train_patterns.py --missing` prints it as JSON). Any other failure
+    of a pattern is a failure, not a skip."""
+    import inspect
+    from torch.nn.parallel import DistributedDataParallel as DDPClass
+    from torch.utils.checkpoint import checkpoint
+    needs = {
+        "ddp_static_graph": (hasattr(DDPClass, "_set_static_graph"),
+                             "DistributedDataParallel._set_static_graph"),
+        "ddp_python_hook": (hasattr(DDPClass, "register_comm_hook"),
+                            "DistributedDataParallel.register_comm_hook"),
+        "checkpoint": ("use_reentrant" in inspect.signature(checkpoint).parameters,
+                       "checkpoint(use_reentrant=...)"),
+        "autocast": (hasattr(torch, "autocast"), "torch.autocast"),
+        "objects": (hasattr(dist, "all_gather_object") and hasattr(dist, "broadcast_object_list"),
+                    "all_gather_object and broadcast_object_list"),
+    }
+    needs["checkpoint_reentrant"] = needs["checkpoint"]
+    return {pattern: f"this torch ({torch.__version__}) has no {what}"
+            for pattern, (present, what) in needs.items() if not present}
 
 
 def wrap(core, pattern):
@@ -160,6 +184,10 @@ def run(rank, world, pattern):
 
 
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--missing"]:
+        import json
+        print(json.dumps(missing_features()))
+        sys.exit(0)
     if len(sys.argv) != 2 or sys.argv[1] not in PATTERNS:
         sys.exit(f"usage: train_patterns.py PATTERN ({', '.join(PATTERNS)})")
     spawn_ranks(run, 2, sys.argv[1])

@@ -31,7 +31,7 @@ json ParseJson(const std::string& out) {
 class ClusterTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!std::filesystem::exists(OPGUARD_LOADGEN_PATH)) GTEST_SKIP() << "opguard-loadgen not built";
+    ASSERT_TRUE(std::filesystem::exists(OPGUARD_LOADGEN_PATH)) << OPGUARD_LOADGEN_PATH << " not built";
   }
 
   DaemonProcess& StartDaemon(std::vector<std::string> args = {}) {
@@ -111,14 +111,25 @@ TEST_F(ClusterTest, DivergenceNamesTheRankAndOpAndExplainsTheOthersThroughTheAll
   EXPECT_EQ(rc, 1) << last_output_;
   EXPECT_EQ(j["status"], "diverged") << last_output_;
   EXPECT_EQ(j["diverging_ranks"], json::array({2})) << last_output_;
+  // Loadgen's step (its synthetic_trace.cc) is 121 ops: 59
+  // forward (embedding, 4 blocks of 14 ops, head, loss), their backward ops
+  // in reverse order, 3 optimizer ops. Op 1234 is step 10's op 24: block 1's
+  // op 9, its second layer norm (model.py:63).
+  ASSERT_EQ(op, 1234u);
+  EXPECT_EQ(lg["per_rank"][2]["divergence"]["step"], 10);
   const auto& fd = j["first_divergence"];
   ASSERT_TRUE(fd.is_object()) << last_output_;
   EXPECT_EQ(fd["rank"], 2);
+  EXPECT_EQ(fd["step"], 10);
+  EXPECT_EQ(fd["op"], "aten::layer_norm");
   EXPECT_EQ(fd["op_index"]["suspect"].get<uint64_t>(), op);
   EXPECT_EQ(fd["op_index"]["reference"].get<uint64_t>(), op);
-  EXPECT_EQ(fd["site"]["suspect"]["file"], "model.py");
-  EXPECT_GT(fd["site"]["suspect"]["line"].get<uint32_t>(), 0u);
-  EXPECT_FALSE(fd["op"].get<std::string>().empty());
+  EXPECT_TRUE(fd["inputs_equal"].get<bool>());  // its input comes from the op before
+  for (const char* run : {"reference", "suspect"}) {
+    EXPECT_EQ(fd["site"][run]["file"], "model.py") << run;
+    EXPECT_EQ(fd["site"][run]["line"], 63) << run;
+    EXPECT_EQ(fd["site"][run]["function"], "Block.forward") << run;
+  }
   // Every other rank diverged later, through the next all-reduce from rank 2.
   std::set<uint32_t> explained;
   for (const auto& e : j["explained"]) {
@@ -127,11 +138,18 @@ TEST_F(ClusterTest, DivergenceNamesTheRankAndOpAndExplainsTheOthersThroughTheAll
   }
   EXPECT_EQ(explained, (std::set<uint32_t>{0, 1, 3})) << last_output_;
   // One rank only: its own pivot, where the all-reduce's output reached it.
+  // The all-reduce after op 1299 carries it: op 1300 is step 10's op 90,
+  // the backward of forward op 27, block 1's MLP output projection
+  // (model.py:102), whose site the backward op carries.
   auto [rc1, j1] = Cli(d, "diff ref sus --rank 1");
   EXPECT_EQ(rc1, 1);
-  EXPECT_EQ(j1["first_divergence"]["rank"], 1) << last_output_;
-  EXPECT_EQ(j1["first_divergence"]["op_index"]["suspect"].get<uint64_t>(),
-            lg["per_rank"][1]["divergence"]["op"].get<uint64_t>());
+  const auto& fd1 = j1["first_divergence"];
+  EXPECT_EQ(fd1["rank"], 1) << last_output_;
+  EXPECT_EQ(lg["per_rank"][1]["divergence"]["op"], 1300);
+  EXPECT_EQ(fd1["op_index"]["suspect"], 1300);
+  EXPECT_EQ(fd1["step"], 10);
+  EXPECT_EQ(fd1["op"], "autograd::linear_backward");
+  EXPECT_EQ(fd1["site"]["suspect"]["line"], 102);
   // The text report leads with the pivot.
   auto text = RunCommand(
       std::string(OPGUARD_CLI_PATH) + " diff ref sus --daemon " + d.query() + " 2>&1", 60);
@@ -213,10 +231,24 @@ TEST_F(ClusterTest, ACollectiveDesyncIsReportedWithEveryMember) {
   EXPECT_EQ(rc, 1) << last_output_;
   EXPECT_EQ(j["status"], "diverged");
   ASSERT_EQ(j["desyncs"].size(), 1u) << last_output_;
-  EXPECT_EQ(j["desyncs"][0]["seq"], 5);
-  EXPECT_EQ(j["desyncs"][0]["fields"], json::array({"count"}));
-  EXPECT_EQ(j["desyncs"][0]["members"].size(), 4u);
-  EXPECT_EQ(j["desyncs"][0]["members"][0]["site"]["file"], "train.py");
+  const auto& desync = j["desyncs"][0];
+  EXPECT_EQ(desync["seq"], 5);
+  EXPECT_EQ(desync["communicator_name"], "world");
+  EXPECT_EQ(desync["fields"], json::array({"count"}));
+  // Every rank's all-reduce after op 599, in step 4 (121 ops a step;
+  // loadgen: train.py:125, train_step), rank 1's one element longer.
+  ASSERT_EQ(desync["members"].size(), 4u) << last_output_;
+  for (uint32_t r = 0; r < 4; ++r) {
+    const auto& m = desync["members"][r];
+    EXPECT_EQ(m["rank"], r);
+    EXPECT_EQ(m["kind"], "all_reduce");
+    EXPECT_EQ(m["count"], (1 << 20) + (r == 1 ? 1 : 0)) << m;
+    EXPECT_EQ(m["step"], 4) << m;
+    EXPECT_EQ(m["op_index"], 600) << m;
+    EXPECT_EQ(m["site"]["file"], "train.py");
+    EXPECT_EQ(m["site"]["line"], 125);
+    EXPECT_EQ(m["site"]["function"], "train_step");
+  }
   auto [rrc, r] = Cli(d, "ranks desync");
   EXPECT_EQ(rrc, 1);
   EXPECT_EQ(r["kind"], "ranks");
@@ -265,8 +297,20 @@ TEST_F(ThreeNodes, DiffMergesEveryNodesRanksAndAMissingPeerMakesItPartial) {
   EXPECT_EQ(j["status"], "diverged") << last_output_;
   EXPECT_EQ(j["ranks"].size(), 6u);
   EXPECT_EQ(j["diverging_ranks"], json::array({3})) << last_output_;
-  EXPECT_EQ(j["first_divergence"]["rank"], 3);
-  EXPECT_EQ(j["explained"].size(), 5u);
+  // Op 777 is step 6's op 51: block 3's op 8, its residual add (model.py:62).
+  const auto& fd = j["first_divergence"];
+  EXPECT_EQ(fd["rank"], 3);
+  EXPECT_EQ(fd["op_index"]["suspect"], 777);
+  EXPECT_EQ(fd["step"], 6);
+  EXPECT_EQ(fd["op"], "aten::add");
+  EXPECT_EQ(fd["site"]["suspect"]["file"], "model.py");
+  EXPECT_EQ(fd["site"]["suspect"]["line"], 62);
+  std::set<uint32_t> explained;
+  for (const auto& e : j["explained"]) {
+    EXPECT_EQ(e["from_rank"], 3) << e;
+    explained.insert(e["rank"].get<uint32_t>());
+  }
+  EXPECT_EQ(explained, (std::set<uint32_t>{0, 1, 2, 4, 5})) << last_output_;
   EXPECT_EQ(j["nodes"].size(), 3u) << last_output_;
   for (const auto& n : j["nodes"]) EXPECT_TRUE(n["answered"].get<bool>()) << n;
   // Any node can receive the query.

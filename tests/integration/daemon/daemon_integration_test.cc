@@ -469,7 +469,7 @@ TEST_F(DaemonTest, UnixSocketPermissionsAndRefusedSecondDaemon) {
 }
 
 TEST_F(DaemonTest, LoadgenEightRanks) {
-  if (!std::filesystem::exists(OPGUARD_LOADGEN_PATH)) GTEST_SKIP() << "opguard-loadgen not built";
+  ASSERT_TRUE(std::filesystem::exists(OPGUARD_LOADGEN_PATH)) << OPGUARD_LOADGEN_PATH << " not built";
   auto d = StartDaemon();
   auto out = testing::RunCommand(std::string(OPGUARD_LOADGEN_PATH) + " --run lg --ranks 8 --ops 3000 --collective-every 100 --endpoint " +
                                      d->ingest() + " --json 2>/dev/null",
