@@ -405,10 +405,13 @@ class LaneAligner {
   // two branches) and silent where the code differs; the data decides there:
   // an op with the same name applied to inputs with equal fingerprints is the
   // same computation. Every reference op that is unpaired, or paired with a
-  // suspect op whose inputs differ, takes the suspect op nearest its expected
+  // suspect op that differs from it in both inputs and outputs (the pivot the
+  // structure would report), takes the suspect op nearest its expected
   // position (within rescue_distance) that has its name and inputs and is
-  // itself unpaired or paired with unequal inputs; the partners it displaces
-  // are left to PairChangedSites. A pair with equal inputs is never undone.
+  // itself unpaired or in such a pair; the partners it displaces are left to
+  // PairChangedSites. A pair that agrees on its inputs or on its outputs is
+  // never undone (in-place initialisers read uninitialised memory: their
+  // inputs differ from run to run, their outputs do not).
   // The scan stops at the first pair it cannot repair whose outputs differ:
   // that pair is the pivot, and nothing after it changes the report.
   void PairByData() {
@@ -425,15 +428,18 @@ class LaneAligner {
     auto same_computation = [&](size_t r, size_t q) {
       return r_[r].name == s_[q].name && r_[r].inputs == s_[q].inputs && !s_[q].nondeterministic();
     };
+    auto disagree = [&](size_t r, size_t q) {
+      return !(r_[r].inputs == s_[q].inputs) && !(r_[r].outputs == s_[q].outputs);
+    };
     auto repairable = [&](size_t q) {
-      return of_s[q] == kNone || !(r_[static_cast<size_t>(of_s[q])].inputs == s_[q].inputs);
+      return of_s[q] == kNone || disagree(static_cast<size_t>(of_s[q]), q);
     };
     const int64_t reach = o_.rescue_distance;
     int64_t last_r = -1, last_s = -1;  // the latest pair met, for expected positions
     uint64_t repaired = 0;
     for (size_t r = 0; r < n; ++r) {
       const int64_t paired = of_r[r];
-      if (paired != kNone && r_[r].inputs == s_[static_cast<size_t>(paired)].inputs) {
+      if (paired != kNone && !disagree(r, static_cast<size_t>(paired))) {
         last_r = static_cast<int64_t>(r);
         last_s = paired;
         continue;

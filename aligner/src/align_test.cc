@@ -36,8 +36,8 @@ TEST(AlignLane, OpsOfAnEditedLinePairAcrossIt) {
 TEST(AlignLane, OneLineRunForIndependentDataInAnotherOrderPairsByData) {
   // A helper called from one line projects q, k and v (one key for all
   // three); the suspect issues k before q. Structure alone pairs q with k.
-  auto r = Lane("A B C L=q L=k L=v D E F G H I J K");
-  auto s = Lane("A B C L=k L=q L=v D E F G H I J K");
+  auto r = Lane("A B C L=q#q L=k#k L=v#v D E F G H I J K");
+  auto s = Lane("A B C L=k#k L=q#q L=v#v D E F G H I J K");
   Alignment a = AlignLane(r.ops, s.ops);
   ASSERT_EQ(a.pairs.size(), 14u);
   EXPECT_EQ(a.by_data, 2u);
@@ -53,8 +53,8 @@ TEST(AlignLane, TheSameMathOnOtherLinesPairsByItsInputs) {
   // The suspect runs the update in another function (other sites, so other
   // keys), in another order: the loose key alone would pair one of them in
   // order; the inputs pair both with what they replaced.
-  auto r = Lane("A B C U@1=g V@1=h D E F G H I J");
-  auto s = Lane("A B C V@2=h U@2=g D E F G H I J");
+  auto r = Lane("A B C U@1=g#g V@1=h#h D E F G H I J");
+  auto s = Lane("A B C V@2=h#h U@2=g#g D E F G H I J");
   Alignment a = AlignLane(r.ops, s.ops);
   ASSERT_EQ(a.pairs.size(), 12u);
   EXPECT_EQ(a.by_data, 2u);
@@ -73,6 +73,19 @@ TEST(AlignLane, APairOnEqualInputsIsNeverUndone) {
   ASSERT_EQ(a.pairs.size(), 11u);
   EXPECT_EQ(a.pairs[3].sus, 3u);
   EXPECT_NE(r.ops[3].outputs, s.ops[3].outputs);
+}
+
+TEST(AlignLane, APairOnEqualOutputsIsNeverUndone) {
+  // In-place initialisers read uninitialised memory: their inputs differ
+  // from run to run, their outputs do not. A neighbour that happens to read
+  // the same garbage is no better partner.
+  auto r = Lane("A B C U=x U=y D E F G H I J");
+  auto s = Lane("A B C U=y U=z D E F G H I J");
+  Alignment a = AlignLane(r.ops, s.ops);
+  EXPECT_EQ(a.by_data, 0u);
+  ASSERT_EQ(a.pairs.size(), 12u);
+  EXPECT_EQ(a.pairs[3].sus, 3u);
+  EXPECT_EQ(a.pairs[4].sus, 4u);
 }
 
 TEST(AlignLane, InsertedOpsWithoutACounterpartStayUnaligned) {

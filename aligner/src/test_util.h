@@ -4,8 +4,9 @@
 // replicated one; a token starting with '~' gets a different input digest;
 // "A@2" is op A on an edited source line (same loose key as A); "A=q" is op A
 // applied to data "q" (its input digest follows op and data, not the site:
-// "A=q" and "A@2=q" computed on the same inputs). "A B#x C!" = three ops; the
-// second is structurally "B" but its output differs from a plain "B".
+// "A=q" and "A@2=q" computed on the same inputs; the data does not change the
+// output). "A B#x C!" = three ops; the second is structurally "B" but its
+// output differs from a plain "B".
 #pragma once
 
 #include <sstream>
@@ -41,7 +42,9 @@ inline OpEvent Ev(const std::string& token_in, uint64_t op_index, uint64_t step 
   e.site = Id("site:" + structure);
   e.key = Id("key:" + structure);
   e.loose_key = static_cast<uint32_t>(Id("loose:" + op));
-  e.outputs = Fp128{Id("out:" + token), 7};
+  std::string output = token;
+  if (!data.empty()) output.erase(output.find('='), data.size() + 1);
+  e.outputs = Fp128{Id("out:" + output), 7};
   e.inputs = Fp128{Id(!data.empty()   ? "in:" + op + "=" + data
                       : other_input ? "in2:" + structure
                                     : "in:" + structure),

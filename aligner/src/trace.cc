@@ -124,7 +124,7 @@ std::string_view TrimmedLine(std::string_view s) {
 }
 
 uint64_t BoundaryId(std::string_view file_path, std::string_view function, uint32_t line,
-                    std::string_view line_text, uint32_t occurrence) {
+                    std::string_view line_text) {
   const size_t slash = file_path.find_last_of('/');
   Hasher h;
   AddText(h, slash == std::string_view::npos ? file_path : file_path.substr(slash + 1));
@@ -136,7 +136,6 @@ uint64_t BoundaryId(std::string_view file_path, std::string_view function, uint3
   } else {
     h.Add(1);
     AddText(h, text);
-    h.Add(occurrence);
   }
   return h.Digest64() | 1;  // never 0: 0 means "no boundary, use the site id"
 }

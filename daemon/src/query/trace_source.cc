@@ -269,15 +269,11 @@ uint64_t SiteBoundaries::Of(uint64_t site) {
     const std::string path = strings_->String(def->file).value_or("");
     const std::string function = strings_->String(def->function).value_or("");
     std::string_view text;
-    uint32_t occurrence = 0;
     if (const auto* lines = Lines(def->file); lines != nullptr && def->line >= 1 &&
                                                def->line <= lines->size()) {
       text = aligner::TrimmedLine((*lines)[def->line - 1]);
-      for (uint32_t i = 0; i + 1 < def->line; ++i) {
-        if (aligner::TrimmedLine((*lines)[i]) == text) ++occurrence;
-      }
     }
-    id = aligner::BoundaryId(path, function, def->line, text, occurrence);
+    id = aligner::BoundaryId(path, function, def->line, text);
   }
   by_site_.emplace(site, id);
   return id;

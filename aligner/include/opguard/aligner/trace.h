@@ -124,14 +124,15 @@ OpEvent MakeOpEvent(const OpDetail& d, uint64_t boundary = 0);
 uint64_t StructuralKey(const OpDetail& d, uint64_t boundary = 0);
 
 // Line-shift-tolerant identity of a call site: the file's base name, the
-// function, the text of the source line (trimmed) and its occurrence (how
-// many earlier lines of the file read the same), not the path and line
+// function and the text of the source line (trimmed), not the path and line
 // number. Unchanged lines of two runs whose code differs by inserted or
-// deleted lines, or that ran from different checkouts, get the same id;
-// identical lines stay apart. When the line's text is unknown (the run did
-// not send the file) the line number stands in for it.
+// deleted lines, or that ran from different checkouts, get the same id.
+// Identical lines of one function share it: which of them issued an op does
+// not decide a pairing on its own (their order and the op's inputs do; see
+// align.h). When the line's text is unknown (the run did not send the file)
+// the line number stands in for it.
 uint64_t BoundaryId(std::string_view file_path, std::string_view function, uint32_t line,
-                    std::string_view line_text, uint32_t occurrence = 0);
+                    std::string_view line_text);
 // The trimmed text BoundaryId keys on.
 std::string_view TrimmedLine(std::string_view line_text);
 Fp128 OutputDigest(const std::vector<TensorInfo>& outputs);
