@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "opguard/common/log.h"
@@ -353,7 +354,9 @@ void Ingest::AckResend(const RunState& run, const wire::Batch& batch, PendingAck
 }
 
 // Who the rank is, and the run's metadata: the first non-empty value of each
-// field wins, the earliest start time wins.
+// field wins, the earliest start time wins. Key-value settings merge: a key
+// announced later (a shim re-announces what it learns while recording, the
+// step rule for one) is added; a key's first value wins.
 void Ingest::ApplyAnnounce(const wire::RunAnnounce& a, RunState* run, RankState* rank) {
   if (a.node()) rank->node = a.node()->str();
   rank->local_rank = a.local_rank();
@@ -364,7 +367,12 @@ void Ingest::ApplyAnnounce(const wire::RunAnnounce& a, RunState* run, RankState*
   };
   auto set_pairs = [&changed](std::vector<std::pair<std::string, std::string>>* field,
                               const flatbuffers::Vector<flatbuffers::Offset<wire::KeyValue>>* v) {
-    if (field->empty() && v && v->size()) *field = Pairs(v), changed = true;
+    if (v == nullptr) return;
+    for (auto& [key, value] : Pairs(v)) {
+      const bool known = std::any_of(field->begin(), field->end(),
+                                     [&key](const auto& kv) { return kv.first == key; });
+      if (!known) field->emplace_back(std::move(key), std::move(value)), changed = true;
+    }
   };
   set_string(&run->job_id, a.job_id());
   if (run->world_size == 0 && a.world_size()) run->world_size = a.world_size(), changed = true;
