@@ -6,7 +6,7 @@ torch — no change to the training code. Explicit use:
 
     import opguard
     opguard.enable()      # same as the hook does
-    opguard.mark_step()   # step boundary for loops without torch.optim
+    opguard.mark_step()   # explicit step boundaries (found on their own otherwise)
     with opguard.replicated():  # ops every data-parallel replica must agree on
         ...
     with opguard.paused():  # not observed at all (evaluation, checkpointing)
@@ -88,7 +88,7 @@ def enable(depth=None):
         if _helper_of_recorder():
             return False
         import torch  # noqa: F401  (the adapter needs torch's libraries loaded)
-        from . import _collectives, _data, _determinism
+        from . import _autograd, _collectives, _data, _determinism
         shim, adapter = _load()
         depth = depth or os.environ.get("OPGUARD_DEPTH", "top")
         if depth not in ("top", "all"):
@@ -100,6 +100,7 @@ def enable(depth=None):
         skip = _skip_prefixes()
         _collectives.install(shim, adapter)
         _data.install(adapter)
+        _autograd.install(adapter)
         shim.opguard_set_run_info(1, b"", b"pytorch")
         shim.opguard_set_run_info(3, b"torch", torch.__version__.encode())
         shim.opguard_set_run_info(3, b"python", sys.version.split()[0].encode())
@@ -120,7 +121,10 @@ def enabled():
 
 
 def mark_step():
-    """Marks a step boundary explicitly (torch.optim steps are detected on their own)."""
+    """Marks a step boundary explicitly: the next op starts the next step, and
+    from then on only mark_step() ends steps. Loops need not call it: steps
+    are found from backward() and the update that follows it (docs/torch.md,
+    "Steps")."""
     if _state["enabled"]:
         return int(_state["torch"].opguard_torch_mark_step())
     return 0

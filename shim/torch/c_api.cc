@@ -6,6 +6,7 @@
 #include <pthread.h>
 
 #include <array>
+#include <cstdlib>
 #include <mutex>
 #include <sstream>
 #include <string>
@@ -18,6 +19,7 @@
 #include "op_observer.h"
 #include "opguard/shim.h"
 #include "python_frames.h"
+#include "steps.h"
 #include "thread_state.h"
 
 using namespace opguard::torch_adapter;
@@ -29,6 +31,15 @@ std::array<at::CallbackHandle, 2> g_handles{};
 // Serialises registering and unregistering them (opguard.paused() may be
 // used from several threads).
 std::mutex g_callback_mu;
+
+// Registered once recording starts, after the shim's own exit flush (exit
+// handlers run in reverse): the last step's end is sent with the rest.
+void AtExit() {
+  try {
+    if (g_adapter.recording.load()) EndOfTraining(ThisThread());
+  } catch (...) {
+  }
+}
 
 // A per-thread region counter (replicated, unrecorded).
 int EnterRegion(int ThreadState::*depth) { return ++(ThisThread().*depth); }
@@ -61,6 +72,7 @@ int opguard_torch_enable(int all_depths, const char* skip_prefixes) {
       g_adapter.registered.store(true);
       g_adapter.main_thread = std::this_thread::get_id();
       g_adapter.foreign_global_observer = at::hasGlobalCallbacks();
+      std::atexit(&AtExit);
       std::lock_guard<std::mutex> lock(g_callback_mu);
       g_handles = AddObserverCallbacks();
     }
@@ -96,8 +108,38 @@ int opguard_torch_recording(void) { return g_adapter.recording.load() ? 1 : 0; }
 void opguard_torch_disable(void) { g_adapter.recording.store(false); }
 
 uint64_t opguard_torch_mark_step(void) {
-  if (g_adapter.recording.load()) MarkStep(ThisThread());
+  try {
+    if (g_adapter.recording.load()) MarkStepExplicitly(ThisThread());
+  } catch (const std::exception& e) {
+    DisableOnce(e.what());
+  }
   return g_adapter.step.load();
+}
+
+int opguard_torch_backward_begin(void) {
+  try {
+    BackwardBegin(ThisThread());
+  } catch (const std::exception& e) {
+    DisableOnce(e.what());
+  }
+  return ThisThread().backward_calls;
+}
+
+int opguard_torch_backward_end(void) {
+  BackwardEnd(ThisThread());
+  return ThisThread().backward_calls;
+}
+
+int opguard_torch_python_region_begin(void) {
+  ThreadState& ts = ThisThread();
+  ts.python_regions.push_back(static_cast<int>(ts.nodes.size()));
+  return static_cast<int>(ts.python_regions.size());
+}
+
+int opguard_torch_python_region_end(void) {
+  ThreadState& ts = ThisThread();
+  if (!ts.python_regions.empty()) ts.python_regions.pop_back();
+  return static_cast<int>(ts.python_regions.size());
 }
 
 int opguard_torch_replicated_begin(void) { return EnterRegion(&ThreadState::replicated_regions); }

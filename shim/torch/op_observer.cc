@@ -18,6 +18,7 @@
 #include "op_record.h"
 #include "opguard/shim.h"
 #include "python_frames.h"
+#include "steps.h"
 #include "tensor_fingerprint.h"
 #include "torch_compat.h"
 
@@ -117,6 +118,9 @@ void CollectInputs(const at::RecordFunction& fn, OpContext& ctx, ThreadState& ts
       const at::Tensor& t = v.toTensor();
       if (t.defined()) {
         ctx.input_impls.push_back(t.unsafeGetTensorImpl());
+        if (LearningParameters() && !ctx.backward && t.requires_grad() && t.is_leaf()) {
+          SeenParameter(t);
+        }
         Shapes::At shape;
         if (!FingerprintTensor(t, ts, ctx.shapes, &value.tensor, &shape, !ctx.replicated)) {
           ctx.unfingerprintable = true;
@@ -263,6 +267,35 @@ bool IsOptimizerStep(const at::RecordFunction& fn) {
 }
 
 
+// Names and sites an op run inside an autograd node. Ops of the engine's own
+// nodes carry the node ("aten::mm [AddmmBackward0]") and the call site of
+// the forward op that created it. Ops run by Python code during backward (a
+// custom Function's backward, a saved-tensor or tensor hook: the opguard
+// package marks these regions) have their own call site, the backward line;
+// run with grad enabled they are recompute ("aten::linear [recompute]":
+// torch.utils.checkpoint, hand-written recompute), whose own autograd nodes
+// map back to them. An op that has no site otherwise takes the user's frame
+// on the training thread (the backward() call), never none.
+void NameBackwardOp(const at::RecordFunction& fn, OpContext& ctx, ThreadState& ts) {
+  const NodeName& node = ts.nodes.back();
+  const bool python = !ts.python_regions.empty() &&
+                      static_cast<int>(ts.nodes.size()) == ts.python_regions.back();
+  const bool recompute = python && at::GradMode::is_enabled();
+  static const NodeName kRecompute{"recompute", std::hash<std::string_view>()("recompute")};
+  const NodeName& tag = recompute ? kRecompute : node;
+  ctx.name = ts.names.GetBackward(fn.name(), tag.text, tag.hash);
+  ctx.seq_nr = ts.node_seq;
+  if (python) {
+    ctx.site = FindUserSite().site;
+  } else if (ts.node_seq >= 0) {
+    ctx.site = g_forward_sites->Lookup(ts.node_seq);
+  }
+  if (recompute) ctx.seq_begin = PeekSequenceNumber();
+  if (ctx.site == 0 && std::this_thread::get_id() == g_adapter.main_thread) {
+    ctx.site = FindUserSite().site;
+  }
+}
+
 // Switching RecordFunction off and on again (torch rebuilds its thread-local
 // callback lists both times) costs about as much as observing three or four
 // nested ops: ops running fewer are left alone (callgrind on a small
@@ -270,11 +303,46 @@ bool IsOptimizerStep(const at::RecordFunction& fn) {
 // 2.096 M never switching; 1.382 M without OpGuard).
 constexpr uint64_t kNestedOpsWorthTheSwitch = 4;
 
+// A Python torch.autograd.Function's apply(): torch wraps it in a
+// FUNCTION-scope range named after the class (no "ns::" as dispatcher ops
+// have). It is user code, not an op: transparent for depth, so the aten ops
+// its forward runs are top-level ops with their own call sites, and its
+// output is compared where those ops produce it. Its call site is kept as the
+// forward site of the autograd node it creates.
+bool IsAutogradFunction(const at::RecordFunction& fn) {
+  return std::strstr(fn.name(), "::") == nullptr;
+}
+
+std::unique_ptr<at::ObserverContext> AutogradFunctionStart(ThreadState& ts) {
+  if (!Recording() || ts.depth != 0 || ts.backward_nodes > 0 || ts.unrecorded_regions > 0) {
+    return nullptr;
+  }
+  auto ctx = std::make_unique<OpContext>();
+  ctx->site = FindUserSite().site;
+  ctx->seq_begin = PeekSequenceNumber();
+  return ctx;
+}
+
+// Whether this thread is the training thread, outside every region whose ops
+// are not the training loop's own.
+bool TrainingLoopOp(const ThreadState& ts) {
+  return ts.backward_nodes == 0 && ts.callback_lanes.empty() && ts.unrecorded_regions == 0 &&
+         std::this_thread::get_id() == g_adapter.main_thread;
+}
+
+// aten's in-place ops end in '_' and write their first argument.
+bool IsInPlace(const char* name) {
+  const size_t n = std::strlen(name);
+  return n > 1 && name[n - 1] == '_' && name[n - 2] != '_';
+}
+
 std::unique_ptr<at::ObserverContext> OnFunctionStart(const at::RecordFunction& fn, ThreadState& ts) {
   if (IsEngineWrapper(fn)) return nullptr;
+  if (IsAutogradFunction(fn)) return AutogradFunctionStart(ts);
   int depth = ts.depth++;
   if (depth > 0) ++ts.nested_calls;
   if (!Recording()) return nullptr;
+  if (depth == 0 && TrainingLoopOp(ts)) BeforeTrainingOp(ts);
   // c10d's dispatcher ops (c10d::allreduce_, ...) return as soon as the work
   // is queued: their outputs are not final at op end, so they are not
   // recorded as ops but as collectives, with the outputs taken once the work
@@ -296,16 +364,16 @@ std::unique_ptr<at::ObserverContext> OnFunctionStart(const at::RecordFunction& f
   bool in_backward = ts.backward_nodes > 0 && !ts.nodes.empty();
   if (depth != 0 && !g_adapter.all_depths.load(std::memory_order_relaxed)) return nullptr;
   if (ts.unrecorded_regions > 0) return nullptr;
+  if (AwaitingUpdate() && IsInPlace(fn.name()) && !fn.inputs().empty()) {
+    InPlaceWrite(fn.inputs()[0]);
+  }
   BeginCacheStep(ts);
   auto ctx = std::make_unique<OpContext>();
   ctx->start_ns = NowNs();
   ctx->backward = in_backward;
   ctx->replicated = ts.optimizer_steps > 0 || ts.replicated_regions > 0;
   if (in_backward) {
-    const NodeName& node = ts.nodes.back();
-    ctx->name = ts.names.GetBackward(fn.name(), node.text, node.hash);
-    ctx->seq_nr = ts.node_seq;
-    ctx->site = ts.node_seq >= 0 ? g_forward_sites->Lookup(ts.node_seq) : 0;
+    NameBackwardOp(fn, *ctx, ts);
   } else {
     ctx->name = ts.names.Get(fn.name());
     ctx->site = FindUserSite().site;
@@ -336,6 +404,10 @@ std::unique_ptr<at::ObserverContext> OnFunctionStart(const at::RecordFunction& f
 }
 
 void OnFunctionEnd(const at::RecordFunction& fn, OpContext* ctx, ThreadState& ts) {
+  if (IsAutogradFunction(fn)) {
+    if (ctx != nullptr) g_forward_sites->Add(ctx->seq_begin, PeekSequenceNumber(), ctx->site);
+    return;
+  }
   if (ctx != nullptr && ctx->reenable_record_function) {
     at::enableRecordFunction(true);
     ctx->reenable_record_function = false;
@@ -356,7 +428,7 @@ void OnFunctionEnd(const at::RecordFunction& fn, OpContext* ctx, ThreadState& ts
     opguard_report_gap(lane, 1, "tensor without host bytes (device, sparse or quantized)", nullptr);
     return;
   }
-  if (!ctx->backward) g_forward_sites->Add(ctx->seq_begin, PeekSequenceNumber(), ctx->site);
+  if (ctx->seq_begin >= 0) g_forward_sites->Add(ctx->seq_begin, PeekSequenceNumber(), ctx->site);
   ctx->Resolve();
   opguard_op op;
   std::memset(&op, 0, sizeof(op));
@@ -424,7 +496,7 @@ void OnEnd(const at::RecordFunction& fn, at::ObserverContext* raw) {
       case at::RecordScope::USER_SCOPE:
         if (IsOptimizerStep(fn)) {
           if (ts.optimizer_steps > 0) --ts.optimizer_steps;
-          if (Recording()) MarkStep(ts);
+          if (Recording()) OptimizerStepEnded(ts);
         }
         break;
       default:
@@ -468,11 +540,5 @@ bool KeepNestedOps() {
   return true;
 }
 
-// The shim's current step is process-wide, so one mark (on the lane that ran
-// the optimizer) moves every lane to the next step.
-void MarkStep(ThreadState& ts) {
-  uint64_t step = g_adapter.step.fetch_add(1) + 1;
-  opguard_mark_step(LaneOf(ts), step);
-}
 
 }  // namespace opguard::torch_adapter

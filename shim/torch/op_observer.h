@@ -6,8 +6,10 @@
 //  * backward: the top-level aten ops inside each autograd node, named
 //    "aten::mm [AddmmBackward0]", carrying the node's sequence number and the
 //    call site of the forward op that created the node;
-//  * steps: the end of every Optimizer.step (torch wraps it in a USER_SCOPE
-//    RecordFunction "Optimizer.step#<Class>.step"), or opguard.mark_step();
+//  * custom autograd Functions: user code, not ops (IsAutogradFunction): the
+//    ops their forward and backward run are recorded with their own sites;
+//  * steps: steps.h, fed from here (Optimizer.step ends, parameter writes,
+//    the training thread's ops);
 //  * replicated ops: every op recorded while its thread is inside an
 //    Optimizer.step or an opguard.replicated() region is flagged
 //    OPGUARD_OP_REPLICATED (data-parallel replicas must agree on its bits);
@@ -29,8 +31,5 @@ std::array<at::CallbackHandle, 2> AddObserverCallbacks();
 
 // OPGUARD_NESTED_OPS=1: leave RecordFunction on inside recorded ops.
 bool KeepNestedOps();
-
-// Ends the current step (every lane moves to the next one).
-void MarkStep(ThreadState& ts);
 
 }  // namespace opguard::torch_adapter

@@ -3,6 +3,7 @@
 #include <Python.h>
 #include <frameobject.h>
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <string_view>
@@ -87,17 +88,49 @@ void SetSkippedPathPrefixes(std::vector<std::string> prefixes) {
   g_prefix_generation.fetch_add(1);
 }
 
-UserSite FindUserSite() {
-  UserSite result;
-  if (!Py_IsInitialized() || PyGILState_GetThisThreadState() == nullptr) return result;
-  // torch releases the GIL around every op, so this thread usually has to
-  // take it back; when it still holds it (ops run from C++ with the GIL
-  // held), Ensure/Release are skipped.
+namespace {
+
+// Calls fn(frame, lasti) for each user frame of the calling thread, innermost
+// first. GIL and g_mu held.
+template <typename Fn>
+void ForEachUserFrame(Fn&& fn) {
+  PyFrameObject* frame = PyEval_GetFrame();  // borrowed
+  Py_XINCREF(frame);
+  for (int depth = 0; frame != nullptr && depth < 256; ++depth) {
+    PyCodeObject* code = PyFrame_GetCode(frame);  // new reference
+    const bool user = Classify(code).user;
+    Py_DECREF(code);
+    if (user) fn(frame, LastInstruction(frame));
+    PyFrameObject* back = PyFrame_GetBack(frame);  // new reference
+    Py_DECREF(frame);
+    frame = back;
+  }
+  Py_XDECREF(frame);
+}
+
+// Runs fn with the GIL and g_mu held; false if this thread cannot run Python.
+// torch releases the GIL around every op, so the thread usually has to take it
+// back; when it still holds it (ops run from C++ with the GIL held), Ensure
+// and Release are skipped.
+template <typename Fn>
+bool WithFrames(Fn&& fn) {
+  if (!Py_IsInitialized() || PyGILState_GetThisThreadState() == nullptr) return false;
   const bool held = PyGILState_Check() != 0;
   PyGILState_STATE gil = PyGILState_LOCKED;
   if (!held) gil = PyGILState_Ensure();
   {
     std::lock_guard<std::mutex> lock(g_mu);
+    fn();
+  }
+  if (!held) PyGILState_Release(gil);
+  return true;
+}
+
+}  // namespace
+
+UserSite FindUserSite() {
+  UserSite result;
+  WithFrames([&] {
     uint64_t generation = g_prefix_generation.load();
     if (generation != g_cache_generation) {
       ClearCodes();
@@ -129,9 +162,40 @@ UserSite FindUserSite() {
       frame = back;
     }
     Py_XDECREF(frame);
-  }
-  if (!held) PyGILState_Release(gil);
+  });
   return result;
+}
+
+void UserStack::Capture() {
+  WithFrames([&] {
+    for (const Frame& f : frames_) Py_DECREF(static_cast<PyObject*>(f.frame));
+    frames_.clear();
+    ForEachUserFrame([&](PyFrameObject* frame, int lasti) {
+      Py_INCREF(reinterpret_cast<PyObject*>(frame));
+      frames_.push_back(Frame{frame, lasti});
+    });
+    std::reverse(frames_.begin(), frames_.end());
+  });
+}
+
+bool UserStack::IsBehind() const {
+  bool behind = false;
+  WithFrames([&] {
+    std::vector<Frame> now;
+    ForEachUserFrame([&](PyFrameObject* frame, int lasti) { now.push_back(Frame{frame, lasti}); });
+    std::reverse(now.begin(), now.end());
+    for (size_t i = 0; i < std::min(now.size(), frames_.size()); ++i) {
+      if (now[i].frame != frames_[i].frame) {
+        behind = true;
+        return;
+      }
+      if (now[i].lasti != frames_[i].lasti) {
+        behind = now[i].lasti < frames_[i].lasti;
+        return;
+      }
+    }
+  });
+  return behind;
 }
 
 }  // namespace opguard::torch_adapter

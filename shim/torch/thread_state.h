@@ -48,6 +48,11 @@ struct ThreadState {
   int optimizer_steps = 0;     // Optimizer.step scopes currently open
   int replicated_regions = 0;  // opguard.replicated() regions currently open
   int unrecorded_regions = 0;  // DataLoader work on this thread (opguard/_data.py)
+  int backward_calls = 0;      // torch.autograd.backward calls open (steps.cc)
+  // Python code autograd runs (a custom Function's backward, saved-tensor and
+  // tensor hooks), innermost last: the number of autograd nodes open when
+  // each region began, so that ops of nodes run inside it are told apart.
+  c10::SmallVector<int, 2> python_regions;
   NameIds names;
   uint64_t nested_calls = 0;  // FUNCTION scopes opened below depth 0, ever
   // Whether ops run other ops inside themselves, by the address of their

@@ -42,8 +42,22 @@ OPGUARD_TORCH_API int opguard_torch_recording(void);
 OPGUARD_TORCH_API int opguard_torch_pause(int paused);
 
 /* An explicit step boundary (opguard.mark_step()): the next op starts the next
- * step. Returns the step now current. */
+ * step, and from then on only these calls end steps. Returns the step now
+ * current. */
 OPGUARD_TORCH_API uint64_t opguard_torch_mark_step(void);
+
+/* Around torch.autograd.backward on the calling thread: a top-level call is
+ * what step boundaries are found against (shim/torch/steps.h). Return the
+ * thread's open backward calls. */
+OPGUARD_TORCH_API int opguard_torch_backward_begin(void);
+OPGUARD_TORCH_API int opguard_torch_backward_end(void);
+
+/* Around Python code that autograd runs during backward (a custom Function's
+ * backward, saved-tensor and tensor hooks): its ops are recorded with their
+ * own call sites, and as recompute when grad is enabled. They nest; return
+ * the thread's open regions. */
+OPGUARD_TORCH_API int opguard_torch_python_region_begin(void);
+OPGUARD_TORCH_API int opguard_torch_python_region_end(void);
 
 /* The current step, and the calling thread's lane (collectives recorded from
  * Python use the same lane numbering as the ops around them). */
