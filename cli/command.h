@@ -1,19 +1,28 @@
 // The `opguard` command line: each subcommand lives in its own *_command.cc
 // and registers itself here. Subcommands are thin faces over the libraries
-// (fingerprint, daemon client, aligner); they print one-line errors and
-// return a process exit code.
+// (fingerprint, daemon client, aligner); CLI11 parses their options, and they
+// print one-line errors and return a process exit code.
 #pragma once
 
+#include <functional>
 #include <string_view>
 #include <vector>
+
+#include "cli/daemon_args.h"
+
+namespace CLI {
+class App;
+}
 
 namespace opguard::cli {
 
 struct Command {
   std::string_view name;
-  std::string_view usage;    // one line: "fingerprint --dtype DTYPE --shape D0,D1 FILE"
   std::string_view summary;  // one line for `opguard --help`
-  int (*run)(int argc, char** argv);  // argv[0] is the subcommand name
+  // Declares the command's options and positionals on `cmd` and returns what
+  // runs it once the command line is parsed. `top` holds the options given
+  // before the command name (--daemon, --json), the defaults of its own.
+  std::function<int()> (*add)(CLI::App& cmd, const DaemonArgs& top);
 };
 
 // All registered commands, sorted by name.
@@ -26,5 +35,6 @@ struct Registrar {
 }  // namespace opguard::cli
 
 // Registers a subcommand at static-initialisation time.
-#define OPGUARD_CLI_COMMAND(ident, ...) \
-  static ::opguard::cli::Registrar opguard_cli_registrar_##ident(::opguard::cli::Command{__VA_ARGS__})
+#define OPGUARD_CLI_COMMAND(ident, ...)                           \
+  static ::opguard::cli::Registrar opguard_cli_registrar_##ident( \
+      ::opguard::cli::Command{__VA_ARGS__})

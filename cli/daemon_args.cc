@@ -1,60 +1,48 @@
 #include "cli/daemon_args.h"
 
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
-
-#include "opguard/daemon/client.h"
+#include <memory>
 
 namespace opguard::cli {
 
-bool ParseDaemonArgs(int argc, char** argv, const char* usage, bool allow_json, DaemonArgs* out,
-                     const ExtraOptions& extra) {
-  out->endpoint = daemon::kDefaultQueryEndpoint;
-  if (const char* env = std::getenv("OPGUARD_DAEMON"); env && *env) out->endpoint = env;
-  const std::string cmd = argv[0];
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    std::string option = a;
-    const std::function<const char*()> value = [&]() -> const char* {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "opguard %s: %s needs a value\n", cmd.c_str(), option.c_str());
-        return nullptr;
-      }
-      return argv[++i];
-    };
-    if (a == "--help" || a == "-h") {
-      std::printf("usage: opguard %s\n", usage);
-      std::exit(0);
-    } else if (a == "--daemon") {
-      const char* v = value();
-      if (!v) return false;
-      out->endpoint = v;
-    } else if (a.rfind("--daemon=", 0) == 0) {
-      out->endpoint = a.substr(9);
-    } else if (a == "--timeout") {
-      const char* v = value();
-      if (!v) return false;
-      char* end = nullptr;
-      out->timeout_s = std::strtod(v, &end);
-      if (end == v || *end || out->timeout_s <= 0 || out->timeout_s > 3600) {
-        std::fprintf(stderr, "opguard %s: --timeout wants seconds (0 < S <= 3600)\n", cmd.c_str());
-        return false;
-      }
-    } else if (allow_json && a == "--json") {
-      out->json = true;
-    } else if (a.rfind("--", 0) == 0) {
-      int handled = extra ? extra(a, value) : 0;
-      if (handled < 0) return false;
-      if (handled == 0) {
-        std::fprintf(stderr, "opguard %s: unknown option %s (usage: opguard %s)\n", cmd.c_str(),
-                     a.c_str(), usage);
-        return false;
-      }
-    } else {
-      out->positional.push_back(a);
-    }
-  }
-  return true;
+// Set as soon as parsed (trigger_on_parse), so a command's preparse callback
+// sees what the top level got before the command name.
+void AddSharedOptions(CLI::App& app, DaemonArgs& args, bool json) {
+  app.add_option(
+         "--daemon", args.endpoint,
+         "the daemon's query endpoint\n(default $OPGUARD_DAEMON, else tcp://127.0.0.1:7455)")
+      ->option_text("ENDPOINT")
+      ->trigger_on_parse();
+  if (json) app.add_flag("--json", args.json, "print JSON instead of text")->trigger_on_parse();
+}
+
+void AddDaemonOptions(CLI::App& cmd, DaemonArgs& args, const DaemonArgs& top, bool json) {
+  AddSharedOptions(cmd, args, json);
+  char text[32];
+  std::snprintf(text, sizeof text, "S (default %g)", args.timeout_s);
+  cmd.add_option("--timeout", args.timeout_s, "bound on every call, in seconds")
+      ->option_text(text)
+      ->check([](const std::string& s) {
+        const double v = std::strtod(s.c_str(), nullptr);
+        return v > 0 && v <= 3600 ? std::string() : "wants seconds (0 < S <= 3600)";
+      });
+  // Runs when the command's own words start, after the top level's.
+  cmd.preparse_callback([&args, &top](size_t) {
+    args.endpoint = top.endpoint;
+    args.json = top.json;
+  });
+}
+
+std::function<int()> AddDaemonCommand(CLI::App& cmd, const DaemonArgs& top,
+                                      int (*main)(const DaemonArgs&), double timeout_s, bool json,
+                                      const char* run_help) {
+  auto args = std::make_shared<DaemonArgs>();
+  args->timeout_s = timeout_s;
+  AddDaemonOptions(cmd, *args, top, json);
+  if (run_help) cmd.add_option("RUN", args->positional, run_help)->required()->expected(1);
+  return [args, main] { return main(*args); };
 }
 
 }  // namespace opguard::cli

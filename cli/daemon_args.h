@@ -1,6 +1,7 @@
 // The options every command that talks to a daemon takes: --daemon ENDPOINT
 // (default $OPGUARD_DAEMON, else the local query endpoint), --timeout S,
-// --json where the command has a JSON form, --help, and positional words.
+// --json where the command has a JSON form. --daemon and --json may also come
+// before the command name (`opguard --daemon tcp://node7:7455 runs`).
 #pragma once
 
 #include <chrono>
@@ -8,11 +9,15 @@
 #include <string>
 #include <vector>
 
+namespace CLI {
+class App;
+}
+
 namespace opguard::cli {
 
 struct DaemonArgs {
   std::string endpoint;
-  double timeout_s = 5;  // callers set their own default before parsing
+  double timeout_s = 5;  // callers set their own default before AddDaemonOptions
   bool json = false;
   std::vector<std::string> positional;
 
@@ -21,16 +26,18 @@ struct DaemonArgs {
   }
 };
 
-// A command's own options: called with each unrecognised "--" word and a
-// function that takes the option's value (nullptr, after a one-line error,
-// when there is none). Returns 1 if it consumed the option, 0 if the option
-// is not the command's, -1 after printing a one-line error.
-using ExtraOptions =
-    std::function<int(const std::string& option, const std::function<const char*()>& value)>;
+// Adds --daemon and, with `json`, --json to `app`, bound to `args`; main.cc
+// adds them to the top level with the default endpoint.
+void AddSharedOptions(CLI::App& app, DaemonArgs& args, bool json);
 
-// Parses argv (argv[0] is the command name). Returns false after printing a
-// one-line error; `--help` prints `usage` and exits 0.
-bool ParseDaemonArgs(int argc, char** argv, const char* usage, bool allow_json, DaemonArgs* out,
-                     const ExtraOptions& extra = nullptr);
+// Adds the shared options and --timeout to command `cmd`, bound to `args`,
+// which starts from `top` (the options given before the command name).
+void AddDaemonOptions(CLI::App& cmd, DaemonArgs& args, const DaemonArgs& top, bool json);
+
+// A command with only those options and, given `run_help`, one RUN argument
+// (positional[0]); returns what calls `main` once the line is parsed.
+std::function<int()> AddDaemonCommand(CLI::App& cmd, const DaemonArgs& top,
+                                      int (*main)(const DaemonArgs&), double timeout_s, bool json,
+                                      const char* run_help = nullptr);
 
 }  // namespace opguard::cli

@@ -48,9 +48,7 @@ int Fail(const char* command, const Status& st) {
   return 1;
 }
 
-int StatusMain(int argc, char** argv) {
-  DaemonArgs args;
-  if (!ParseDaemonArgs(argc, argv, "status [--daemon ENDPOINT] [--timeout S] [--json]", true, &args)) return 2;
+int StatusMain(const DaemonArgs& args) {
   daemon::DaemonClient client(args.endpoint, args.timeout());
   auto answer = client.Status();
   if (!answer.ok()) return Fail("status", answer.status());
@@ -83,9 +81,7 @@ int StatusMain(int argc, char** argv) {
   return 0;
 }
 
-int RunsMain(int argc, char** argv) {
-  DaemonArgs args;
-  if (!ParseDaemonArgs(argc, argv, "runs [--daemon ENDPOINT] [--timeout S] [--json]", true, &args)) return 2;
+int RunsMain(const DaemonArgs& args) {
   daemon::DaemonClient client(args.endpoint, args.timeout());
   auto answer = client.ListRuns();
   if (!answer.ok()) return Fail("runs", answer.status());
@@ -124,14 +120,7 @@ int RunsMain(int argc, char** argv) {
   return 0;
 }
 
-int RmMain(int argc, char** argv) {
-  DaemonArgs args;
-  args.timeout_s = 60;  // deleting waits for a durable write
-  if (!ParseDaemonArgs(argc, argv, "rm RUN [--daemon ENDPOINT] [--timeout S]", false, &args)) return 2;
-  if (args.positional.size() != 1) {
-    std::fprintf(stderr, "opguard rm: give exactly one run name (usage: opguard rm RUN [--daemon ENDPOINT])\n");
-    return 2;
-  }
+int RmMain(const DaemonArgs& args) {
   daemon::DaemonClient client(args.endpoint, args.timeout());
   Status st = client.DeleteRun(args.positional[0]);
   if (!st.ok()) return Fail("rm", st);
@@ -139,13 +128,25 @@ int RmMain(int argc, char** argv) {
   return 0;
 }
 
+std::function<int()> AddStatus(CLI::App& cmd, const DaemonArgs& top) {
+  return AddDaemonCommand(cmd, top, &StatusMain, 5, /*json=*/true);
+}
+
+std::function<int()> AddRuns(CLI::App& cmd, const DaemonArgs& top) {
+  return AddDaemonCommand(cmd, top, &RunsMain, 5, /*json=*/true);
+}
+
+std::function<int()> AddRm(CLI::App& cmd, const DaemonArgs& top) {
+  // Deleting waits for a durable write: a longer default timeout.
+  return AddDaemonCommand(cmd, top, &RmMain, 60, /*json=*/false, "the run to delete");
+}
+
 }  // namespace
 
-OPGUARD_CLI_COMMAND(status, "status", "status [--daemon ENDPOINT] [--timeout S] [--json]",
-                    "show the node daemon's state (endpoints, runs, disk use)", &StatusMain);
-OPGUARD_CLI_COMMAND(runs, "runs", "runs [--daemon ENDPOINT] [--timeout S] [--json]",
-                    "list the runs a daemon stores (ranks, ops, steps, gaps, times)", &RunsMain);
-OPGUARD_CLI_COMMAND(rm, "rm", "rm RUN [--daemon ENDPOINT] [--timeout S]",
-                    "delete a run's records and metadata from a daemon", &RmMain);
+OPGUARD_CLI_COMMAND(status, "status", "show the node daemon's state (endpoints, runs, disk use)",
+                    &AddStatus);
+OPGUARD_CLI_COMMAND(runs, "runs", "list the runs a daemon stores (ranks, ops, steps, gaps, times)",
+                    &AddRuns);
+OPGUARD_CLI_COMMAND(rm, "rm", "delete a run's records and metadata from a daemon", &AddRm);
 
 }  // namespace opguard::cli

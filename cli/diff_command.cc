@@ -7,10 +7,11 @@
 // Exit codes (docs/report-format.md): 0 identical / consistent; 1 diverged,
 // incomplete or partial (and an unreachable daemon or a daemon-side error);
 // 2 usage errors.
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -25,62 +26,9 @@ namespace opguard::cli {
 namespace {
 
 struct Args : DaemonArgs {
-  Args() { timeout_s = 120; }
   int64_t rank = -1;
   std::vector<uint32_t> replicas;
 };
-
-bool ParseRank(const std::string& text, uint32_t* out) {
-  if (text.empty() || text.size() > 10) return false;
-  for (char c : text) {
-    if (c < '0' || c > '9') return false;
-  }
-  unsigned long long v = std::strtoull(text.c_str(), nullptr, 10);
-  if (v > UINT32_MAX) return false;
-  *out = static_cast<uint32_t>(v);
-  return true;
-}
-
-// The daemon options (cli/daemon_args.h), --json, and per command --rank R /
-// --replicas R,R,...; returns false after a one-line error.
-bool Parse(int argc, char** argv, const char* usage, bool allow_rank, bool allow_replicas,
-           Args* out) {
-  const std::string cmd = argv[0];
-  auto extra = [&](const std::string& option, const std::function<const char*()>& value) -> int {
-    if (allow_rank && option == "--rank") {
-      const char* v = value();
-      uint32_t r = 0;
-      if (!v || !ParseRank(v, &r)) {
-        std::fprintf(stderr, "opguard %s: --rank wants a rank number\n", cmd.c_str());
-        return -1;
-      }
-      out->rank = r;
-      return 1;
-    }
-    if (allow_replicas && option == "--replicas") {
-      const char* v = value();
-      if (!v) return -1;
-      std::string list = v;
-      size_t p = 0;
-      while (p <= list.size()) {
-        size_t q = list.find(',', p);
-        if (q == std::string::npos) q = list.size();
-        uint32_t r = 0;
-        if (!ParseRank(list.substr(p, q - p), &r)) {
-          std::fprintf(stderr,
-                       "opguard %s: --replicas wants ranks separated by commas, e.g. 0,1,2,3\n",
-                       cmd.c_str());
-          return -1;
-        }
-        out->replicas.push_back(r);
-        p = q + 1;
-      }
-      return 1;
-    }
-    return 0;
-  };
-  return ParseDaemonArgs(argc, argv, usage, /*allow_json=*/true, out, extra);
-}
 
 // Peers get most of the CLI's own timeout so that a missing peer still leaves
 // time for the receiver to merge and answer (as `partial`).
@@ -96,16 +44,7 @@ int Fail(const char* command, const Status& st) {
 
 int ExitCode(aligner::DiffStatus s) { return s == aligner::DiffStatus::kIdentical ? 0 : 1; }
 
-int DiffMain(int argc, char** argv) {
-  static const char* kUsage =
-      "diff REFERENCE SUSPECT [--rank R] [--json] [--daemon ENDPOINT] [--timeout S]";
-  Args args;
-  if (!Parse(argc, argv, kUsage, true, false, &args)) return 2;
-  if (args.positional.size() != 2) {
-    std::fprintf(stderr, "opguard diff: give a reference and a suspect run (usage: opguard %s)\n",
-                 kUsage);
-    return 2;
-  }
+int DiffMain(const Args& args) {
   daemon::DaemonClient client(args.endpoint, args.timeout());
   flatbuffers::FlatBufferBuilder b;
   wire::FinishEnvelope(b, wire::CreateDiffRequest(b, b.CreateString(args.positional[0]),
@@ -130,15 +69,7 @@ int DiffMain(int argc, char** argv) {
   return ExitCode(report.status);
 }
 
-int RanksMain(int argc, char** argv) {
-  static const char* kUsage =
-      "ranks RUN [--replicas R,R,...] [--json] [--daemon ENDPOINT] [--timeout S]";
-  Args args;
-  if (!Parse(argc, argv, kUsage, false, true, &args)) return 2;
-  if (args.positional.size() != 1) {
-    std::fprintf(stderr, "opguard ranks: give exactly one run (usage: opguard %s)\n", kUsage);
-    return 2;
-  }
+int RanksMain(const Args& args) {
   daemon::DaemonClient client(args.endpoint, args.timeout());
   flatbuffers::FlatBufferBuilder b;
   wire::FinishEnvelope(
@@ -160,15 +91,7 @@ int RanksMain(int argc, char** argv) {
   return j["status"] == "identical" ? 0 : 1;
 }
 
-int CollectivesMain(int argc, char** argv) {
-  static const char* kUsage = "collectives RUN [--json] [--daemon ENDPOINT] [--timeout S]";
-  Args args;
-  args.timeout_s = 30;
-  if (!Parse(argc, argv, kUsage, false, false, &args)) return 2;
-  if (args.positional.size() != 1) {
-    std::fprintf(stderr, "opguard collectives: give exactly one run (usage: opguard %s)\n", kUsage);
-    return 2;
-  }
+int CollectivesMain(const Args& args) {
   daemon::DaemonClient client(args.endpoint, args.timeout());
   flatbuffers::FlatBufferBuilder b;
   wire::FinishEnvelope(b, wire::CreateCollectivesRequest(b, b.CreateString(args.positional[0]),
@@ -194,19 +117,59 @@ int CollectivesMain(int argc, char** argv) {
   return ExitCode(report.status);
 }
 
+constexpr char kExitCodes[] =
+    "Exit codes (docs/report-format.md): 0 identical (consistent); 1 diverged, incomplete or\n"
+    "partial, the daemon unreachable or an error answer (e.g. an unknown run); 2 usage error.";
+
+// The daemon options, the runs (RUN, or REFERENCE and SUSPECT) and the exit codes.
+std::shared_ptr<Args> AddCommon(CLI::App& cmd, const DaemonArgs& top, double timeout_s,
+                                std::initializer_list<std::pair<const char*, const char*>> runs) {
+  auto args = std::make_shared<Args>();
+  args->timeout_s = timeout_s;
+  AddDaemonOptions(cmd, *args, top, /*json=*/true);
+  for (const auto& [name, help] : runs) {
+    cmd.add_option_function<std::string>(
+           name, [args](const std::string& run) { args->positional.push_back(run); }, help)
+        ->required();
+  }
+  cmd.footer(kExitCodes);
+  return args;
+}
+
+std::function<int()> AddDiff(CLI::App& cmd, const DaemonArgs& top) {
+  auto args = AddCommon(
+      cmd, top, 120,
+      {{"REFERENCE", "the run taken as correct"}, {"SUSPECT", "the run compared with it"}});
+  cmd.add_option("--rank", args->rank, "compare one rank only (default: every rank)")
+      ->option_text("R")
+      ->check(CLI::Range(int64_t{0}, int64_t{UINT32_MAX}));
+  return [args] { return DiffMain(*args); };
+}
+
+std::function<int()> AddRanks(CLI::App& cmd, const DaemonArgs& top) {
+  auto args = AddCommon(cmd, top, 120, {{"RUN", "the run whose ranks are compared"}});
+  cmd.add_option("--replicas", args->replicas, "ranks that must hold identical replicas")
+      ->option_text("R,R,...")
+      ->delimiter(',');
+  return [args] { return RanksMain(*args); };
+}
+
+std::function<int()> AddCollectives(CLI::App& cmd, const DaemonArgs& top) {
+  auto args = AddCommon(cmd, top, 30, {{"RUN", "the run whose collectives are checked"}});
+  return [args] { return CollectivesMain(*args); };
+}
+
 }  // namespace
 
 OPGUARD_CLI_COMMAND(
-    diff, "diff", "diff REFERENCE SUSPECT [--rank R] [--json] [--daemon ENDPOINT] [--timeout S]",
+    diff, "diff",
     "the first op where two runs stop agreeing bit for bit, and the first diverging rank",
-    &DiffMain);
+    &AddDiff);
 OPGUARD_CLI_COMMAND(ranks, "ranks",
-                    "ranks RUN [--replicas R,R,...] [--json] [--daemon ENDPOINT] [--timeout S]",
                     "cross-rank checks of one run: collective outputs, desyncs, replicas",
-                    &RanksMain);
+                    &AddRanks);
 OPGUARD_CLI_COMMAND(collectives, "collectives",
-                    "collectives RUN [--json] [--daemon ENDPOINT] [--timeout S]",
                     "collective desyncs and mismatches, and who a live or hung run waits for",
-                    &CollectivesMain);
+                    &AddCollectives);
 
 }  // namespace opguard::cli

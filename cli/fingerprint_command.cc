@@ -1,10 +1,12 @@
 // `opguard fingerprint --dtype DTYPE --shape D0,D1,... FILE [--json]`: the
 // fingerprint of a raw little-endian tensor dump, as the shim would record it.
+#include <CLI/CLI.hpp>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -17,15 +19,13 @@ namespace {
 
 namespace fp = ::opguard::fingerprint;
 
-constexpr std::string_view kUsage =
-    "fingerprint --dtype DTYPE --shape D0,D1,... FILE [--json] [--threads N]";
-
 int Fail(const std::string& message) {
   std::fprintf(stderr, "opguard fingerprint: %s\n", message.c_str());
   return 1;
 }
 
 // "" is rank 0 (a scalar); otherwise comma-separated non-negative integers.
+// Hand-written: CLI11's list options have no empty (scalar) form.
 bool ParseShape(std::string_view text, std::vector<int64_t>* shape) {
   shape->clear();
   if (text.empty() || text == "-") return true;
@@ -50,62 +50,29 @@ std::string Number(double v) {
   return buf;
 }
 
-int Run(int argc, char** argv) {
+struct Args {
   std::string dtype_text, shape_text, path;
-  bool have_dtype = false, have_shape = false, json = false;
+  bool json = false;
   int threads = 0;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view arg = argv[i];
-    auto value = [&](std::string* out) {
-      if (i + 1 >= argc) return false;
-      *out = argv[++i];
-      return true;
-    };
-    if (arg == "--help" || arg == "-h") {
-      std::printf("usage: opguard %.*s\n", static_cast<int>(kUsage.size()), kUsage.data());
-      return 0;
-    } else if (arg == "--dtype") {
-      if (!value(&dtype_text)) return Fail("--dtype needs a value");
-      have_dtype = true;
-    } else if (arg == "--shape") {
-      if (!value(&shape_text)) return Fail("--shape needs a value");
-      have_shape = true;
-    } else if (arg == "--json") {
-      json = true;
-    } else if (arg == "--threads") {
-      std::string t;
-      if (!value(&t)) return Fail("--threads needs a value");
-      const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), threads);
-      if (ec != std::errc() || end != t.data() + t.size() || threads < 0) {
-        return Fail("bad --threads '" + t + "'");
-      }
-    } else if (arg.starts_with("--")) {
-      return Fail("unknown option '" + std::string(arg) + "' (usage: opguard " +
-                  std::string(kUsage) + ")");
-    } else if (path.empty()) {
-      path = arg;
-    } else {
-      return Fail("more than one FILE given");
-    }
-  }
-  if (!have_dtype || !have_shape || path.empty()) {
-    return Fail("usage: opguard " + std::string(kUsage));
-  }
+};
+
+int Run(const Args& args) {
   fp::DType dtype{};
-  if (!fp::ParseDType(dtype_text, &dtype)) return Fail("unknown dtype '" + dtype_text + "'");
+  if (!fp::ParseDType(args.dtype_text, &dtype))
+    return Fail("unknown dtype '" + args.dtype_text + "'");
   std::vector<int64_t> shape;
-  if (!ParseShape(shape_text, &shape)) {
-    return Fail("bad shape '" + shape_text + "' (want D0,D1,... of non-negative integers)");
+  if (!ParseShape(args.shape_text, &shape)) {
+    return Fail("bad shape '" + args.shape_text + "' (want D0,D1,... of non-negative integers)");
   }
   const int64_t numel = fp::NumElements(shape);
   int64_t want = 0;
   if (numel < 0 ||
       __builtin_mul_overflow(numel, static_cast<int64_t>(fp::DTypeSize(dtype)), &want)) {
-    return Fail("shape '" + shape_text + "' is too large");
+    return Fail("shape '" + args.shape_text + "' is too large");
   }
 
-  FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) return Fail("cannot open '" + path + "': " + std::strerror(errno));
+  FILE* f = std::fopen(args.path.c_str(), "rb");
+  if (!f) return Fail("cannot open '" + args.path + "': " + std::strerror(errno));
   std::vector<uint8_t> bytes;
   uint8_t chunk[1 << 16];
   size_t got;
@@ -115,18 +82,18 @@ int Run(int argc, char** argv) {
   }
   const bool read_error = std::ferror(f);
   std::fclose(f);
-  if (read_error) return Fail("cannot read '" + path + "'");
+  if (read_error) return Fail("cannot read '" + args.path + "'");
   if (bytes.size() != static_cast<uint64_t>(want)) {
-    return Fail("'" + path + "' has " +
+    return Fail("'" + args.path + "' has " +
                 (bytes.size() > static_cast<uint64_t>(want) ? "more than " + std::to_string(want)
                                                             : std::to_string(bytes.size())) +
-                " bytes, but shape [" + shape_text + "] of " + std::string(fp::DTypeName(dtype)) +
-                " needs " + std::to_string(want));
+                " bytes, but shape [" + args.shape_text + "] of " +
+                std::string(fp::DTypeName(dtype)) + " needs " + std::to_string(want));
   }
 
   const fp::TensorView view{bytes.data(), dtype, shape, {}};
-  const fp::Fingerprint result = fp::FingerprintHost(view, threads);
-  if (!json) {
+  const fp::Fingerprint result = fp::FingerprintHost(view, args.threads);
+  if (!args.json) {
     std::printf("%s\n", result.digest.Hex().c_str());
     return 0;
   }
@@ -144,9 +111,26 @@ int Run(int argc, char** argv) {
   return 0;
 }
 
+std::function<int()> Add(CLI::App& cmd, const DaemonArgs& top) {
+  auto args = std::make_shared<Args>();
+  cmd.add_option("--dtype", args->dtype_text, "element type, e.g. float32, bfloat16, int64")
+      ->option_text("DTYPE")
+      ->required();
+  cmd.add_option("--shape", args->shape_text, "dimensions D0,D1,... (\"\" or - for a scalar)")
+      ->option_text("D0,D1,...")
+      ->required();
+  cmd.add_option("FILE", args->path, "raw little-endian tensor dump")->required();
+  cmd.add_flag("--json", args->json, "print the fingerprint and statistics as JSON");
+  cmd.add_option("--threads", args->threads, "worker threads (default 0: every core)")
+      ->option_text("N")
+      ->check(CLI::NonNegativeNumber);
+  cmd.preparse_callback([args, &top](size_t) { args->json = top.json; });
+  return [args] { return Run(*args); };
+}
+
 }  // namespace
 
-OPGUARD_CLI_COMMAND(fingerprint, "fingerprint", kUsage,
-                    "print the 128-bit fingerprint of a raw tensor file", Run);
+OPGUARD_CLI_COMMAND(fingerprint, "fingerprint",
+                    "print the 128-bit fingerprint of a raw tensor file", &Add);
 
 }  // namespace opguard::cli

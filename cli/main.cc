@@ -1,10 +1,13 @@
 // opguard: the command line for OpGuard. Dispatches to registered subcommands.
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
-#include <cstring>
+#include <cstdlib>
 #include <string>
 
 #include "cli/command.h"
+#include "opguard/common/spdlog_sink.h"
+#include "opguard/daemon/client.h"
 
 namespace opguard::cli {
 
@@ -22,31 +25,49 @@ Registrar::Registrar(Command command) {
             [](const Command& a, const Command& b) { return a.name < b.name; });
 }
 
-static void PrintHelp(FILE* out) {
-  std::fprintf(out,
-               "usage: opguard COMMAND [ARGS...]\n\n"
-               "OpGuard finds the first operation where two training runs (or two ranks\n"
-               "of one run) stop agreeing bit for bit.\n\ncommands:\n");
-  for (const auto& command : Commands()) {
-    std::fprintf(out, "  %-14.*s %.*s\n", static_cast<int>(command.name.size()),
-                 command.name.data(), static_cast<int>(command.summary.size()),
-                 command.summary.data());
-  }
-  std::fprintf(out, "\n`opguard COMMAND --help` describes one command.\n");
-}
-
 }  // namespace opguard::cli
 
 int main(int argc, char** argv) {
   using namespace opguard::cli;
-  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") ||
-      !std::strcmp(argv[1], "help")) {
-    PrintHelp(argc < 2 ? stderr : stdout);
-    return argc < 2 ? 2 : 0;
-  }
+  opguard::LogThroughSpdlog("opguard");
+  CLI::App app(
+      "OpGuard finds the first operation where two training runs (or two ranks\n"
+      "of one run) stop agreeing bit for bit.\n",
+      "opguard");
+  app.footer("Exit codes: 0 success; 1 a failure (e.g. the daemon unreachable); 2 a usage error.");
+  app.get_formatter()->column_width(34);
+  DaemonArgs top;  // --daemon and --json given before the command name
+  top.endpoint = opguard::daemon::kDefaultQueryEndpoint;
+  if (const char* env = std::getenv("OPGUARD_DAEMON"); env && *env) top.endpoint = env;
+  AddSharedOptions(app, top, /*json=*/true);
+  std::vector<std::pair<CLI::App*, std::function<int()>>> runs;
   for (const auto& command : Commands()) {
-    if (command.name == argv[1]) return command.run(argc - 1, argv + 1);
+    CLI::App* cmd = app.add_subcommand(std::string(command.name), std::string(command.summary));
+    runs.emplace_back(cmd, command.add(*cmd, top));
   }
-  std::fprintf(stderr, "opguard: unknown command '%s' (see `opguard --help`)\n", argv[1]);
+  CLI::App* help = app.add_subcommand("help", "print this text");
+  // Commands copied the footer above (or set their own); the top level's:
+  app.footer(
+      "`opguard COMMAND --help` describes one command. Exit codes: 0 success (identical),\n"
+      "1 a failure or a difference (see each command), 2 a usage error.");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    std::fputs(app.help().c_str(), stdout);  // the command's, when one was named
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    const auto parsed = app.get_subcommands();
+    const std::string name = parsed.empty() ? "opguard" : "opguard " + parsed.front()->get_name();
+    std::fprintf(stderr, "%s: %s (see `%s --help`)\n", name.c_str(), e.what(), name.c_str());
+    return 2;
+  }
+  if (help->parsed()) {
+    std::fputs(app.help().c_str(), stdout);
+    return 0;
+  }
+  for (const auto& [cmd, run] : runs) {
+    if (cmd->parsed()) return run();
+  }
+  std::fputs(app.help().c_str(), stderr);  // no command given
   return 2;
 }

@@ -28,6 +28,9 @@ set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
 set(CPACK_DEBIAN_PACKAGE_SECTION "devel")
 set(CPACK_DEBIAN_PACKAGE_PRIORITY "optional")
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
+# Named as well as found by dpkg-shlibdeps: spdlog (opguardd's and opguard's
+# log lines) and the fmt it is built on. CLI11 is header-only.
+set(CPACK_DEBIAN_PACKAGE_DEPENDS "libspdlog1.10, libfmt9")
 set(CPACK_DEBIAN_PACKAGE_RECOMMENDS "systemd")
 set(CPACK_STRIP_FILES ON)
 

@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "opguard/common/log.h"
+#include "opguard/common/spdlog_sink.h"
 #include "opguard/daemon/config.h"
 #include "opguard/daemon/daemon.h"
 
@@ -16,7 +17,7 @@ int main(int argc, char** argv) {
   // half the daemon's page faults at full ingest. Set before any thread starts.
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 64 << 20);
-  opguard::SetLogComponent("opguardd");
+  opguard::LogThroughSpdlog("opguardd");
   bool help = false;
   auto config = opguard::daemon::ParseCommandLine(argc, argv, &help);
   if (help) {
@@ -24,7 +25,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (!config.ok()) {
-    std::fprintf(stderr, "opguardd: %s\n", config.status().message().c_str());
+    OPGUARD_LOG(opguard::LogLevel::kError, config.status().message());
     return 2;
   }
   opguard::SetLogLevel(config->log_level);

@@ -12,7 +12,9 @@ PACKAGES=(
   librocksdb-dev                            # daemon storage (RocksDB 7.8)
   liblz4-dev libzstd-dev                    # daemon: compression of stored op chunks
   libboost1.74-dev                          # Asio / Beast (HTTP, timers)
-  libsystemd-dev                            # sd_notify
+  libcli11-dev                              # command lines and opguardd's config file
+  libspdlog-dev                             # opguardd's and the CLI's log lines (stderr, journald)
+  libsystemd-dev                            # sd_notify, journald log lines
   libxxhash-dev                             # string ids; XXH3 benchmark baseline
   nlohmann-json3-dev                        # JSON reports and HTTP answers
   libgtest-dev libgmock-dev libbenchmark-dev

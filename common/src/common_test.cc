@@ -2,6 +2,7 @@
 
 #include "opguard/common/hex.h"
 #include "opguard/common/log.h"
+#include "opguard/common/spdlog_sink.h"
 #include "opguard/common/status.h"
 
 namespace opguard {
@@ -39,6 +40,25 @@ TEST(Log, ParsesLevels) {
   EXPECT_TRUE(ParseLogLevel("warn", &level));
   EXPECT_EQ(level, LogLevel::kWarn);
   EXPECT_FALSE(ParseLogLevel("loud", &level));
+}
+
+TEST(Log, PlainLinesByDefaultTimestampedThroughSpdlog) {
+  SetLogLevel(LogLevel::kInfo);
+  testing::internal::CaptureStderr();
+  OPGUARD_LOG(LogLevel::kWarn, "plain");
+  EXPECT_EQ(testing::internal::GetCapturedStderr(), "opguard warning: plain\n");
+
+  LogThroughSpdlog("opguard-test");
+  testing::internal::CaptureStderr();
+  OPGUARD_LOG(LogLevel::kDebug, "filtered out");
+  OPGUARD_LOG(LogLevel::kError, "through spdlog");
+  const std::string line = testing::internal::GetCapturedStderr();
+  SetLogSink(nullptr);
+  // "2026-12-01T15:40:00.123 opguard-test error: through spdlog"
+  ASSERT_GT(line.size(), 24u) << line;
+  EXPECT_EQ(line[4], '-') << line;
+  EXPECT_EQ(line[10], 'T') << line;
+  EXPECT_EQ(line.substr(23), " opguard-test error: through spdlog\n");
 }
 
 }  // namespace

@@ -10,6 +10,7 @@ namespace opguard {
 namespace {
 
 std::atomic<int> g_level{static_cast<int>(LogLevel::kInfo)};
+std::atomic<LogSink> g_sink{nullptr};
 std::mutex g_mu;
 std::string& Component() {
   static std::string* component = new std::string("opguard");  // never destroyed: used at exit
@@ -50,8 +51,11 @@ void SetLogComponent(std::string component) {
   Component() = std::move(component);
 }
 
+void SetLogSink(LogSink sink) { g_sink.store(sink); }
+
 void Log(LogLevel level, std::string_view message) {
   if (static_cast<int>(level) < g_level.load()) return;
+  if (LogSink sink = g_sink.load()) return sink(level, message);
   std::string line;
   {
     std::lock_guard<std::mutex> lock(g_mu);

@@ -364,6 +364,24 @@ TEST_F(DaemonTest, CliAgainstARealDaemon) {
   EXPECT_EQ(j["runs"][0]["name"], "cli-run");
   EXPECT_EQ(j["runs"][0]["ranks"][0]["ops"], 300);
 
+  // --daemon and --json also before the command name; --opt=value and --opt value.
+  auto before = testing::RunCommand(cli + "--daemon " + d->query() + " runs");
+  EXPECT_EQ(before.exit_code, 0) << before.output;
+  EXPECT_NE(before.output.find("cli-run"), std::string::npos) << before.output;
+  auto equals = testing::RunCommand(cli + "--json runs --daemon=" + d->query());
+  ASSERT_EQ(equals.exit_code, 0) << equals.output;
+  EXPECT_EQ(nlohmann::json::parse(equals.output)["runs"][0]["name"], "cli-run");
+  auto unknown = testing::RunCommand(cli + "runs --frobnicate" + at);
+  EXPECT_EQ(unknown.exit_code, 2);
+  EXPECT_NE(unknown.output.find("--frobnicate"), std::string::npos) << unknown.output;
+  EXPECT_EQ(std::count(unknown.output.begin(), unknown.output.end(), '\n'), 1) << unknown.output;
+  auto diff_help = testing::RunCommand(cli + "diff --help");
+  EXPECT_EQ(diff_help.exit_code, 0) << diff_help.output;
+  for (const char* text : {"--daemon", "--timeout", "--rank", "REFERENCE", "SUSPECT", "Exit codes",
+                           "0 identical", "1 diverged, incomplete", "2 usage error"}) {
+    EXPECT_NE(diff_help.output.find(text), std::string::npos) << text << " in:\n" << diff_help.output;
+  }
+
   auto rm = testing::RunCommand(cli + "rm cli-run" + at);
   EXPECT_EQ(rm.exit_code, 0) << rm.output;
   auto after = testing::RunCommand(cli + "runs --json" + at);

@@ -1,6 +1,8 @@
-// Minimal leveled logging to stderr, one line per message, prefixed with the
-// component ("opguardd", "opguard-shim") so lines are attributable inside a
-// training job's interleaved output. Thread-safe.
+// Leveled logging, one line per message. By default a line goes to stderr as
+// "<component> <level>: <message>" in one write(2): that is what the shim uses,
+// since it runs inside someone else's process and must bring no extra shared
+// libraries or global loggers there. Executables (opguardd, opguard) send the
+// lines to spdlog instead (opguard/common/spdlog_sink.h). Thread-safe.
 #pragma once
 
 #include <string>
@@ -16,8 +18,13 @@ void SetLogLevel(LogLevel level);
 LogLevel GetLogLevel();
 void SetLogComponent(std::string component);
 
-// Writes "<component> <level>: <message>\n" to stderr if level >= current.
+// Passes the message to the sink if level >= current.
 void Log(LogLevel level, std::string_view message);
+
+// Replaces where lines go (nullptr: back to stderr). Called once at startup,
+// before other threads log.
+using LogSink = void (*)(LogLevel level, std::string_view message);
+void SetLogSink(LogSink sink);
 
 }  // namespace opguard
 

@@ -1,7 +1,8 @@
 // opguardd configuration: built-in defaults, then the config file, then the
 // command line (each later source overrides the earlier one). Every key is
 // documented in HelpText() and docs/daemon.md; the file format is one
-// `key = value` per line, `#` starts a comment.
+// `key = value` per line, `#` starts a comment, and a key is its flag's name
+// with '_' for '-' (retention.max_bytes <-> --retention.max-bytes).
 #pragma once
 
 #include <chrono>
@@ -53,22 +54,12 @@ struct Config {
 // The text printed by `opguardd --help`.
 std::string HelpText();
 
-// Applies `key = value` lines of a config file to `config`.
-Status ApplyConfigText(const std::string& text, const std::string& origin, Config* config);
-Status ApplyConfigFile(const std::string& path, Config* config);
-
-// Applies one key (as in the file; flags use the same names with `--` and
-// `-` for `_`/`.`), e.g. ApplyKey("retention.max_bytes", "500G").
-Status ApplyKey(const std::string& key, const std::string& value, Config* config);
-
 // Parses the command line: reads --config FILE (or the default file when it
 // exists and --local is not given) first, then applies the other flags.
 // `--local DIR` puts the data dir and sockets under DIR for unprivileged use.
-// Sets *help when --help was given.
+// Sets *help when --help was given. Errors are one line, naming the file for
+// a bad file line. Sizes take K/M/G/T (powers of 1024, optional "iB"/"B"),
+// durations s/m/h/d.
 Result<Config> ParseCommandLine(int argc, const char* const* argv, bool* help);
-
-// "500G", "64MiB", "1048576" -> bytes; "30d", "12h", "90s", "15m" -> seconds.
-Result<uint64_t> ParseBytes(const std::string& text);
-Result<std::chrono::seconds> ParseDuration(const std::string& text);
 
 }  // namespace opguard::daemon
