@@ -2,6 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <deque>
+#include <random>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -151,6 +155,51 @@ TEST(SenderRtt, AckTimeoutStaysBetweenTheConfiguredOneAndEightTimesIt) {
   EXPECT_EQ(slow.AckTimeout(), milliseconds(800));
 }
 
+// A peer on the made-up clock that answers every transmission (resends too)
+// in arrival order: it spends `service_ms` on each message, one at a time,
+// and its ack leaves `delay_ms` after that. The sender is driven each ms:
+// due acks first, then Send. Returns the resent seqs in order and checks the
+// window on every step.
+struct PeerRun {
+  std::vector<uint64_t> resent;
+  size_t most_in_flight = 0;
+};
+PeerRun RunAgainstPeer(Sender& s, size_t window, int64_t service_ms, int64_t delay_ms, int64_t until_ms) {
+  PeerRun run;
+  std::deque<std::pair<int64_t, uint64_t>> acks;  // (due ms, seq), due times increasing
+  int64_t peer_free = 0;
+  for (int64_t t = 0; t <= until_ms; ++t) {
+    while (!acks.empty() && acks.front().first <= t) {
+      s.Acknowledge(acks.front().second, T(t));
+      acks.pop_front();
+    }
+    s.Send(T(t), [&](uint64_t seq, const Sender::Batch&, bool resend) {
+      if (resend) run.resent.push_back(seq);
+      peer_free = std::max(peer_free, t) + service_ms;
+      acks.emplace_back(peer_free + delay_ms, seq);
+      return true;
+    });
+    run.most_in_flight = std::max(run.most_in_flight, s.in_flight());
+    EXPECT_LE(s.in_flight(), window);
+  }
+  return run;
+}
+
+// The policy behind shim_core_test's SlowAcksStoreEachRecordOnceWithinTheWindow,
+// exactly: acks 5 x the configured timeout late. Before the first ack there
+// is no latency to go by, so the first window goes again at 50 ms and at
+// 150 ms (backoff); the first ack (250 ms) lifts the timeout to its ceiling
+// and nothing else is ever resent.
+TEST(SenderRtt, ASlowPeerSeesTheFirstWindowTwiceAndThenNoResend) {
+  Sender s(milliseconds(50), 8);
+  AddBatches(s, 0, 80, T(0));
+  PeerRun run = RunAgainstPeer(s, 8, 0, 250, 5000);
+  EXPECT_EQ(run.resent, (std::vector<uint64_t>{0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(run.most_in_flight, 8u);
+  EXPECT_EQ(s.AckTimeout(), milliseconds(400));
+  EXPECT_EQ(s.pending(), 0u);
+}
+
 TEST(SenderRtt, LatencyIsMeasuredFromTheFirstSendOnTheConnection) {
   Wire wire;
   Sender s = SentAtZero(milliseconds(100), 8, 1, wire);
@@ -244,6 +293,20 @@ TEST(SenderLoss, ABatchOvertakenByAnAckIsResentAloneWaitingLongerEachTime) {
                                {8, false}}));
 }
 
+// The policy behind shim_core_test's BusyPeerStoresEachRecordOnceWithinTheWindow,
+// exactly: a full window of 64 queues at a peer that takes 4 ms a message,
+// so each ack comes about 256 ms after its batch, beyond even the adapted
+// timeout's ceiling (8 x 20 ms); but one arrives every 4 ms: there is never
+// a silence and never an ack out of order, so nothing is resent.
+TEST(SenderLoss, ABusyPeerAckingInOrderIsNeverResentThoughEachAckIsLate) {
+  Sender s(milliseconds(20), 64);
+  AddBatches(s, 0, 250, T(0));
+  PeerRun run = RunAgainstPeer(s, 64, 4, 0, 3000);
+  EXPECT_TRUE(run.resent.empty());
+  EXPECT_EQ(run.most_in_flight, 64u);
+  EXPECT_EQ(s.pending(), 0u);
+}
+
 TEST(SenderReconnect, ALostConnectionResendsItsWindowOldestFirstOnceANewOneIsUp) {
   Wire wire;
   Sender s = SentAtZero(milliseconds(1000), 3, 5, wire);
@@ -300,6 +363,58 @@ TEST(SenderUnreachable, OnlyWhenNothingWasAcknowledgedSinceTheOldestBatchWasMade
   ASSERT_TRUE(acking.Acknowledge(0, T(5)));
   EXPECT_FALSE(acking.LooksUnreachable(T(60000)));                        // slow, but acking
   EXPECT_FALSE(Sender(milliseconds(100), 1).LooksUnreachable(T(60000)));  // nothing pending
+}
+
+// Whatever happens (acks in any order, duplicates, lost connections, a
+// refusing socket, silences), only a batch that was added and not yet
+// acknowledged is ever put on the wire, and never beyond the window.
+TEST(SenderInvariant, OnlyUnacknowledgedBatchesAreSentAndTheWindowHolds) {
+  constexpr size_t kWindow = 4;
+  Sender s(milliseconds(20), kWindow);
+  std::mt19937 rng(7);
+  std::set<uint64_t> added, acked, on_wire, unanswered;
+  uint64_t next_seq = 0;
+  int64_t now = 0;
+  bool refuse = false;
+  const Sender::Transmit transmit = [&](uint64_t seq, const Sender::Batch&, bool resend) {
+    if (refuse) return false;
+    EXPECT_EQ(added.count(seq), 1u) << seq;
+    EXPECT_EQ(acked.count(seq), 0u) << "acknowledged batch " << seq << " sent again";
+    EXPECT_EQ(resend, on_wire.count(seq) == 1) << seq;
+    on_wire.insert(seq);
+    unanswered.insert(seq);
+    return true;
+  };
+  for (int step = 0; step < 20000; ++step) {
+    now += static_cast<int64_t>(rng() % 30);
+    switch (rng() % 6) {
+      case 0:
+        added.insert(next_seq);
+        s.Add(next_seq++, MakeBatch(1), T(now));
+        break;
+      case 1: {  // the peer answers something it received, mostly once, now and then again
+        const std::set<uint64_t>& from = rng() % 4 == 0 ? on_wire : unanswered;
+        if (!from.empty()) {
+          const uint64_t seq = *std::next(from.begin(), static_cast<long>(rng() % from.size()));
+          EXPECT_EQ(s.Acknowledge(seq, T(now)).has_value(), acked.count(seq) == 0);
+          acked.insert(seq);
+          unanswered.erase(seq);
+        }
+        break;
+      }
+      case 2:
+        if (rng() % 8 == 0) s.ConnectionLost(T(now));
+        if (rng() % 2 == 0) s.ConnectionUp();
+        break;
+      default:
+        refuse = rng() % 10 == 0;
+        s.Send(T(now), transmit);
+        break;
+    }
+    ASSERT_LE(s.in_flight(), kWindow);
+    ASSERT_EQ(s.pending(), added.size() - acked.size());
+  }
+  EXPECT_GT(acked.size(), 1000u);  // the walk did exercise the sender
 }
 
 }  // namespace

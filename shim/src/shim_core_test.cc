@@ -1,8 +1,9 @@
 // Core against a fake daemon over real ZeroMQ ipc:// sockets: batching by
 // count and time, resend after a daemon restart or a lost ack, flow control
-// against a slow daemon (window, no resend of what is merely queued, adaptive
-// ack timeout), gap notices when the buffer is full, rejected batches, and
-// never blocking the caller.
+// against a slow daemon (window, adaptive ack timeout), gap notices when the
+// buffer is full, rejected batches, and never blocking the caller. These
+// tests assert only what holds however threads are scheduled; how many
+// resends a given timing causes is tested exactly in sender_test.cc.
 #include "shim_core.h"
 
 #include <gtest/gtest.h>
@@ -12,6 +13,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <set>
 #include <thread>
 
@@ -227,13 +229,41 @@ opguard_counters Counters(Core& core) {
   return c;
 }
 
-// The reported failure: acks arrive after the timeout. Only a window of
-// batches is ever in flight, the timeout adapts to the observed latency, and
-// only the first window or two is sent twice (before any ack could show the
-// latency); every record is acknowledged once.
-TEST_F(CoreTest, SlowAcksSeeFewDuplicatesAndTheWindowHolds) {
+// Polls `done` until it holds; false after `timeout` (a guard against a hang,
+// not a limit on how long the work may take).
+bool WaitUntil(const std::function<bool()>& done, std::chrono::seconds timeout = std::chrono::seconds(120)) {
+  const auto deadline = Clock::now() + timeout;
+  while (!done()) {
+    if (Clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
+
+// What holds however the machine schedules the threads, after a run in which
+// every batch was eventually acknowledged: each record stored once, every
+// extra copy the peer saw counted by the core as a resend, and never more
+// distinct unanswered batches at the peer than the window. How many resends
+// a given timing causes is sender_test.cc's to pin down, on a made-up clock.
+void ExpectStoredOnceWithinTheWindow(const Received& r, const opguard_counters& c, uint64_t records,
+                                     uint32_t window) {
+  EXPECT_EQ(r.records, records);
+  EXPECT_EQ(r.ops.size(), records);  // stored once each
+  EXPECT_EQ(OpIndices(r, 0).size(), records);
+  EXPECT_EQ(c.records_acked, records);
+  EXPECT_EQ(c.records_dropped, 0u);
+  EXPECT_EQ(c.pending_batches, 0u);
+  EXPECT_LE(r.duplicates, c.batches_resent);
+  EXPECT_LE(r.max_outstanding, window);
+}
+
+// The reported failure: acks arrive 5 x the configured timeout late. Only a
+// window of batches is ever in flight, every record is stored once, and the
+// ack timeout has followed the latency up. (That only the first window is
+// sent again, twice, is SenderRtt.ASlowPeerSeesTheFirstWindowTwiceAndThenNoResend.)
+TEST_F(CoreTest, SlowAcksStoreEachRecordOnceWithinTheWindow) {
   FakeDaemonOptions options;
-  options.ack_delay_ms = 250;  // 5x the ack timeout below
+  options.ack_delay_ms = 250;
   FakeDaemon daemon(endpoint_, options);
   ASSERT_TRUE(daemon.Start());
   constexpr uint32_t kWindow = 8;
@@ -243,53 +273,34 @@ TEST_F(CoreTest, SlowAcksSeeFewDuplicatesAndTheWindowHolds) {
   config_.max_in_flight = kWindow;
   auto core = StartCore();
   ASSERT_TRUE(core);
-  constexpr int kRecords = 800;  // 80 batches: 10 windows at 250 ms each
-  uint64_t most_pending = 0;
-  for (int i = 0; i < kRecords; ++i) {
+  constexpr uint64_t kRecords = 800;  // 80 batches or more: 10 windows or more
+  for (uint64_t i = 0; i < kRecords; ++i) {
     ASSERT_EQ(Record(*core, 0, i + 1), OPGUARD_OK);
     if (i % 100 == 99) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  auto deadline = Clock::now() + std::chrono::seconds(30);
-  while (Clock::now() < deadline) {
+  uint64_t most_pending = 0;
+  ASSERT_TRUE(WaitUntil([&] {
     opguard_counters c = Counters(*core);
     most_pending = std::max(most_pending, c.pending_batches);
-    if (c.records_acked == kRecords) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  ASSERT_EQ(core->Flush(10000), OPGUARD_OK);
-  Received r = daemon.Snapshot();
-  EXPECT_EQ(r.records, static_cast<uint64_t>(kRecords));
-  EXPECT_EQ(r.ops.size(), static_cast<size_t>(kRecords));  // stored once each
-  EXPECT_EQ(OpIndices(r, 0).size(), static_cast<size_t>(kRecords));
-  EXPECT_LE(r.max_outstanding, kWindow);  // never more than the window in flight
-  // Before the first ack there is no latency to go by: the window is resent
-  // after 50 ms and again after 100 ms more (backoff), then acks flow.
-  EXPECT_LE(r.duplicates, 3 * kWindow);
+    return c.records_acked == kRecords;
+  }));
+  ASSERT_EQ(core->Flush(120000), OPGUARD_OK);
   opguard_counters c = Counters(*core);
-  EXPECT_EQ(c.records_acked, static_cast<uint64_t>(kRecords));
-  EXPECT_LE(c.batches_resent, 3 * kWindow);
-  EXPECT_EQ(c.pending_batches, 0u);
-  EXPECT_LE(most_pending, static_cast<uint64_t>(kRecords / 10 + 1));  // no growth beyond the data
-  std::printf("slow acks: %llu batches, %llu resent, %llu duplicates at the peer, %llu most in flight, "
-              "ack timeout now %u ms\n",
-              static_cast<unsigned long long>(c.batches_sent), static_cast<unsigned long long>(c.batches_resent),
-              static_cast<unsigned long long>(r.duplicates), static_cast<unsigned long long>(r.max_outstanding),
-              core->ack_timeout_now_ms());
-  // The timeout followed the ack latency up.
-  EXPECT_GE(core->ack_timeout_now_ms(), 250u);
-  // A second burst at the adapted timeout is not resent at all.
-  uint64_t resent_before = c.batches_resent;
-  for (int i = kRecords; i < kRecords + 200; ++i) ASSERT_EQ(Record(*core, 0, i + 1), OPGUARD_OK);
-  ASSERT_EQ(core->Flush(20000), OPGUARD_OK);
-  c = Counters(*core);
-  EXPECT_EQ(c.records_acked, static_cast<uint64_t>(kRecords + 200));
-  EXPECT_EQ(c.batches_resent, resent_before);
+  ExpectStoredOnceWithinTheWindow(daemon.Snapshot(), c, kRecords, kWindow);
+  EXPECT_LE(most_pending, c.batches_sent);  // never more batches than were made
+  // Every ack took at least the peer's 250 ms, so 2 x the smoothed latency is
+  // over the ceiling (8 x 50 ms) whatever the scheduling added.
+  EXPECT_TRUE(WaitUntil([&] { return core->ack_timeout_now_ms() == 400u; }))
+      << core->ack_timeout_now_ms();
+  std::printf("slow acks: %llu batches, %llu resent\n", static_cast<unsigned long long>(c.batches_sent),
+              static_cast<unsigned long long>(c.batches_resent));
 }
 
 // A busy daemon: acks come one by one, each long after its batch was sent
-// (the window queues at the daemon), but they keep coming. Nothing that is
-// merely queued is resent.
-TEST_F(CoreTest, BusyPeerStillAckingIsNotFloodedWithResends) {
+// (the window queues at the daemon), but they keep coming. Every record is
+// stored once within the window. (That nothing merely queued is resent is
+// SenderLoss.ABusyPeerAckingInOrderIsNeverResentThoughEachAckIsLate.)
+TEST_F(CoreTest, BusyPeerStoresEachRecordOnceWithinTheWindow) {
   FakeDaemonOptions options;
   options.service_us = 4000;  // 4 ms a message: 64 queued batches wait 256 ms
   FakeDaemon daemon(endpoint_, options);
@@ -299,25 +310,20 @@ TEST_F(CoreTest, BusyPeerStillAckingIsNotFloodedWithResends) {
   config_.ack_timeout_ms = 50;
   auto core = StartCore();
   ASSERT_TRUE(core);
-  constexpr int kRecords = 2500;
-  for (int i = 0; i < kRecords; ++i) ASSERT_EQ(Record(*core, 0, i + 1), OPGUARD_OK);
-  ASSERT_EQ(core->Flush(30000), OPGUARD_OK);
-  Received r = daemon.Snapshot();
-  EXPECT_EQ(r.records, static_cast<uint64_t>(kRecords));
-  EXPECT_EQ(r.ops.size(), static_cast<size_t>(kRecords));
-  EXPECT_LE(r.max_outstanding, config_.max_in_flight);
+  constexpr uint64_t kRecords = 2500;
+  for (uint64_t i = 0; i < kRecords; ++i) ASSERT_EQ(Record(*core, 0, i + 1), OPGUARD_OK);
+  ASSERT_EQ(core->Flush(120000), OPGUARD_OK);
   opguard_counters c = Counters(*core);
-  EXPECT_EQ(c.records_acked, static_cast<uint64_t>(kRecords));
-  EXPECT_LE(c.batches_resent, 4u) << "acks kept arriving; nothing should have been resent";
-  std::printf("busy peer: %llu batches, %llu resent, %llu most in flight, ack timeout now %u ms\n",
-              static_cast<unsigned long long>(c.batches_sent), static_cast<unsigned long long>(c.batches_resent),
-              static_cast<unsigned long long>(r.max_outstanding), core->ack_timeout_now_ms());
-  EXPECT_LE(r.duplicates, 4u);
+  ExpectStoredOnceWithinTheWindow(daemon.Snapshot(), c, kRecords, config_.max_in_flight);
+  std::printf("busy peer: %llu batches, %llu resent\n", static_cast<unsigned long long>(c.batches_sent),
+              static_cast<unsigned long long>(c.batches_resent));
 }
 
-// One ack is lost while later batches are acknowledged: that batch alone is
-// resent, while records are still flowing (not only at the final flush).
-TEST_F(CoreTest, LostAckWhileAcksFlowIsResentAlone) {
+// One ack is lost while later batches are acknowledged: that batch is sent
+// again while records are still flowing, without waiting for a flush, and
+// stored once. (That it is resent alone, after the ack timeout, is
+// SenderLoss.ABatchOvertakenByAnAckIsResentAloneWaitingLongerEachTime.)
+TEST_F(CoreTest, LostAckWhileAcksFlowIsResentWithoutAFlush) {
   FakeDaemonOptions options;
   options.drop_first_ack_seqs = {3};
   FakeDaemon daemon(endpoint_, options);
@@ -327,63 +333,54 @@ TEST_F(CoreTest, LostAckWhileAcksFlowIsResentAlone) {
   config_.ack_timeout_ms = 200;
   auto core = StartCore();
   ASSERT_TRUE(core);
-  int recorded = 0;
-  bool resent_while_flowing = false;
-  auto deadline = Clock::now() + std::chrono::seconds(5);
-  while (Clock::now() < deadline) {
-    for (int i = 0; i < 10; ++i, ++recorded) ASSERT_EQ(Record(*core, 0, recorded + 1), OPGUARD_OK);
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  uint64_t recorded = 0;
+  int rc = OPGUARD_OK;
+  ASSERT_TRUE(WaitUntil([&] {
+    for (int i = 0; i < 10 && rc == OPGUARD_OK; ++i) rc = Record(*core, 0, ++recorded);
     Received r = daemon.Snapshot();
-    if (r.receipts.count(3) != 0 && r.receipts.at(3) >= 2) {
-      resent_while_flowing = true;
-      break;
-    }
-  }
-  EXPECT_TRUE(resent_while_flowing);
-  ASSERT_EQ(core->Flush(5000), OPGUARD_OK);
+    return rc != OPGUARD_OK || (r.receipts.count(3) != 0 && r.receipts.at(3) >= 2);
+  })) << "batch 3 was not resent while records flowed";
+  ASSERT_EQ(rc, OPGUARD_OK);
+  ASSERT_EQ(core->Flush(120000), OPGUARD_OK);
   Received r = daemon.Snapshot();
   EXPECT_EQ(r.acks_lost, 1u);
-  EXPECT_EQ(r.records, static_cast<uint64_t>(recorded));
-  EXPECT_EQ(r.ops.size(), static_cast<size_t>(recorded));
   EXPECT_GE(r.duplicates, 1u);
   opguard_counters c = Counters(*core);
-  // Batch 3 alone (once in a while, a loaded machine's stall adds the one
-  // or two batches in flight at that moment).
   EXPECT_GE(c.batches_resent, 1u);
-  EXPECT_LE(c.batches_resent, 4u);
-  EXPECT_EQ(c.records_acked, static_cast<uint64_t>(recorded));
+  ExpectStoredOnceWithinTheWindow(r, c, recorded, config_.max_in_flight);
 }
 
-// A daemon restart loses what was in flight: that window (and no more) is
-// resent at once on the new connection, oldest first; the rest follows as
-// acks come back.
-TEST_F(CoreTest, RestartResendsTheWindowOnly) {
+// A daemon restart loses what was in flight: the peer never answered the
+// first window, so each of its batches is sent again on the new connection,
+// and stored once. (That only the window goes again, oldest first, is
+// SenderReconnect.ALostConnectionResendsItsWindowOldestFirstOnceANewOneIsUp.)
+TEST_F(CoreTest, RestartResendsTheUnansweredWindow) {
   FakeDaemonOptions options;
-  options.ack_delay_ms = 400;  // batches stay in flight long enough to be lost
+  options.ack = false;  // the first daemon answers nothing
   auto daemon = std::make_unique<FakeDaemon>(endpoint_, options);
   ASSERT_TRUE(daemon->Start());
   constexpr uint32_t kWindow = 4;
   config_.batch_records = 10;
   config_.batch_interval_ms = 5;
-  config_.ack_timeout_ms = 5000;  // longer than the test: only the restart triggers a resend
+  config_.ack_timeout_ms = 5000;  // the restart, not a silence, is what should trigger the resend
   config_.max_in_flight = kWindow;
   auto core = StartCore();
   ASSERT_TRUE(core);
   for (int i = 0; i < 300; ++i) ASSERT_EQ(Record(*core, 0, i + 1), OPGUARD_OK);
-  ASSERT_TRUE(daemon->WaitFor([](const Received& r) { return r.batches >= kWindow; }, 5000));
-  daemon->Stop();  // acks for the window are never sent
-  daemon->SetAckDelay(0);
+  ASSERT_TRUE(daemon->WaitFor([](const Received& r) { return r.batches >= kWindow; }, 120000));
+  daemon->Stop();
+  Received first = daemon->Snapshot();
+  EXPECT_EQ(first.batches, kWindow);  // without acks, no room for more
+  daemon->SetAck(true);
   ASSERT_TRUE(daemon->Start());
-  ASSERT_EQ(core->Flush(4000), OPGUARD_OK);  // well inside the 5 s ack timeout
+  ASSERT_EQ(core->Flush(120000), OPGUARD_OK);
   Received r = daemon->Snapshot();
-  EXPECT_EQ(r.records, 300u);
-  EXPECT_EQ(r.ops.size(), 300u);
-  EXPECT_LE(r.max_outstanding, kWindow);
+  for (const auto& [seq, times] : first.receipts) {
+    EXPECT_GE(r.receipts.at(seq), times + 1) << "batch " << seq << " was not resent";
+  }
   opguard_counters c = Counters(*core);
-  EXPECT_EQ(c.records_acked, 300u);
-  EXPECT_GE(c.batches_resent, 1u);
-  EXPECT_LE(c.batches_resent, kWindow);
-  EXPECT_LE(r.duplicates, kWindow);
+  EXPECT_GE(c.batches_resent, kWindow);
+  ExpectStoredOnceWithinTheWindow(r, c, 300, kWindow);
 }
 
 TEST_F(CoreTest, FullBufferDropsAndReportsExactGaps) {

@@ -105,6 +105,7 @@ std::chrono::milliseconds FakeDaemon::SendDue(zmq::socket_t& sock, std::deque<Re
         continue;
       }
       ++received_.acks_sent;
+      answered_.insert(r.key);
       cv_.notify_all();
     }
     zmq::message_t reply_id(r.id.data(), r.id.size());
@@ -222,7 +223,7 @@ void FakeDaemon::Handle(const zmq::message_t& id, const zmq::message_t& msg, std
   }
   ++received_.receipts[b->seq()];
   bool send = ack_.load();
-  if (send) {
+  if (send && answered_.count(std::make_tuple(b->session(), b->seq())) == 0) {
     outstanding_.insert(std::make_tuple(b->session(), b->seq()));
     received_.max_outstanding = std::max<uint64_t>(received_.max_outstanding, outstanding_.size());
   }

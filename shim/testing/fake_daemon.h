@@ -66,8 +66,10 @@ struct Received {
   uint64_t records = 0;      // ops + collectives in distinct batches
   uint64_t acks_sent = 0;
   uint64_t acks_lost = 0;    // acks swallowed by drop_first_ack_seqs
-  // Most distinct batches (session, seq) received and not yet answered at any
-  // one time: the sender's window as this peer saw it.
+  // Most distinct batches (session, seq) received and never answered yet at
+  // any one time: a copy that arrives after its batch was answered is left
+  // out (the sender may have the ack already), so the count never exceeds the
+  // sender's window, however late a resend arrives.
   uint64_t max_outstanding = 0;
   std::map<uint64_t, uint64_t> receipts;  // batch seq -> times received (any session)
   uint64_t announces = 0;
@@ -142,6 +144,7 @@ class FakeDaemon {
   Received received_;
   std::set<std::tuple<uint32_t, uint64_t, uint64_t>> stored_;  // rank, session, seq
   std::set<std::tuple<uint64_t, uint64_t>> outstanding_;       // received, not answered
+  std::set<std::tuple<uint64_t, uint64_t>> answered_;          // an ack was sent
   std::set<uint64_t> drop_first_ack_seqs_;                      // not yet dropped
 };
 
