@@ -97,16 +97,20 @@ TEST_F(AdapterTest, OptimizerStepAndReplicatedRegionOpsAreFlagged) {
   ASSERT_FALSE(ops.empty()) << log_;
   for (size_t i = 0; i < ops.size(); ++i) ASSERT_EQ(ops[i].first.op_index, i) << "missing ops";
 
+  size_t after_loop = ops.size();  // the first op after the last Optimizer.step
   for (uint64_t step = 0; step < 2; ++step) {
     // Within a step: forward ops, backward ops, then the optimizer's ops (the
-    // step ends with Optimizer.step).
+    // last ones updating a parameter, aten::add_); the next iteration's
+    // forward starts the next step, and what runs after the loop stays in the
+    // last one.
     size_t first = ops.size(), last_backward = ops.size(), end = 0;
     for (size_t i = 0; i < ops.size(); ++i) {
       if (ops[i].first.step != step) continue;
       first = std::min(first, i);
-      end = i + 1;
+      if (ops[i].second == "aten::add_") end = i + 1;
       if (ops[i].first.backward) last_backward = i;
     }
+    if (step == 1) after_loop = end;
     ASSERT_LT(first, end) << "no ops in step " << step;
     ASSERT_LT(last_backward, end) << "no backward ops in step " << step;
     std::ostringstream listing;  // for failure messages
@@ -139,9 +143,10 @@ TEST_F(AdapterTest, OptimizerStepAndReplicatedRegionOpsAreFlagged) {
     EXPECT_GE(updates, 4u) << "step " << step << listing.str();
   }
 
-  std::map<std::string, int> after;  // ops after the last step: name -> replicated
-  for (const auto& [op, name] : ops) {
-    if (op.step == 2) after[name] = op.replicated ? 1 : 0;
+  std::map<std::string, int> after;  // ops after the loop: name -> replicated
+  for (size_t i = after_loop; i < ops.size(); ++i) {
+    EXPECT_EQ(ops[i].first.step, 1u) << ops[i].second;
+    after[ops[i].second] = ops[i].first.replicated ? 1 : 0;
   }
   ASSERT_TRUE(after.count("aten::sin") && after.count("aten::tan") && after.count("aten::cos"))
       << log_;
