@@ -57,4 +57,8 @@ bool ParseDaemonArgs(int argc, char** argv, const char* usage, bool allow_json, 
   return true;
 }
 
+void PrintJson(const nlohmann::json& j) {
+  std::printf("%s\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+}
+
 }  // namespace opguard::cli

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -32,5 +33,10 @@ using ExtraOptions =
 // one-line error; `--help` prints `usage` and exits 0.
 bool ParseDaemonArgs(int argc, char** argv, const char* usage, bool allow_json, DaemonArgs* out,
                      const ExtraOptions& extra = nullptr);
+
+// Prints the --json form of an answer (indented, one trailing newline).
+// Bytes that are not UTF-8 (a run stored before the daemon refused them)
+// are printed as U+FFFD instead of aborting the command.
+void PrintJson(const nlohmann::json& j);
 
 }  // namespace opguard::cli

@@ -121,7 +121,7 @@ int DiffMain(int argc, char** argv) {
     j["reference_run"] = args.positional[0];
     j["suspect_run"] = args.positional[1];
     j["nodes"] = daemon::NodesJson(a->nodes());
-    std::printf("%s\n", j.dump(2).c_str());
+    PrintJson(j);
   } else {
     std::printf("opguard diff %s %s · %s\n", args.positional[0].c_str(), args.positional[1].c_str(),
                 aligner::DiffStatusName(report.status));
@@ -151,7 +151,7 @@ int RanksMain(int argc, char** argv) {
   auto j = daemon::RanksJson(*a);
   j["run"] = args.positional[0];
   if (args.json) {
-    std::printf("%s\n", j.dump(2).c_str());
+    PrintJson(j);
   } else {
     std::printf("opguard ranks %s · %s\n", args.positional[0].c_str(),
                 j["status"].get<std::string>().c_str());
@@ -182,7 +182,7 @@ int CollectivesMain(int argc, char** argv) {
     auto j = aligner::ToJson(report);
     j["run"] = args.positional[0];
     j["nodes"] = daemon::NodesJson(a->nodes());
-    std::printf("%s\n", j.dump(2).c_str());
+    PrintJson(j);
   } else {
     std::printf("opguard collectives %s · %s%s\n", args.positional[0].c_str(),
                 report.status == aligner::DiffStatus::kIdentical
