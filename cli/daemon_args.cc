@@ -45,4 +45,8 @@ std::function<int()> AddDaemonCommand(CLI::App& cmd, const DaemonArgs& top,
   return [args, main] { return main(*args); };
 }
 
+void PrintJson(const nlohmann::json& j) {
+  std::printf("%s\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+}
+
 }  // namespace opguard::cli

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -39,5 +40,10 @@ void AddDaemonOptions(CLI::App& cmd, DaemonArgs& args, const DaemonArgs& top, bo
 std::function<int()> AddDaemonCommand(CLI::App& cmd, const DaemonArgs& top,
                                       int (*main)(const DaemonArgs&), double timeout_s, bool json,
                                       const char* run_help = nullptr);
+
+// Prints the --json form of an answer (indented, one trailing newline).
+// Bytes that are not UTF-8 (a run stored before the daemon refused them)
+// are printed as U+FFFD instead of aborting the command.
+void PrintJson(const nlohmann::json& j);
 
 }  // namespace opguard::cli

@@ -58,7 +58,7 @@ int StatusMain(const DaemonArgs& args) {
     // The daemon's /api/status, plus the endpoint asked.
     nlohmann::json j = daemon::StatusJson(*s);
     j["endpoint"] = args.endpoint;
-    std::printf("%s\n", j.dump(2).c_str());
+    PrintJson(j);
     return 0;
   }
   const uint64_t up = s->uptime_s();
@@ -88,7 +88,7 @@ int RunsMain(const DaemonArgs& args) {
   const auto* list = answer->envelope()->message_as_ListRunsAnswer();
   if (list == nullptr) return Fail("runs", DataLoss("unexpected answer from " + args.endpoint));
   if (args.json) {  // the daemon's /api/runs
-    std::printf("%s\n", daemon::RunsJson(*list).dump(2).c_str());
+    PrintJson(daemon::RunsJson(*list));
     return 0;
   }
   if (!list->runs() || list->runs()->size() == 0) {

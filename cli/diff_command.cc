@@ -60,7 +60,7 @@ int DiffMain(const Args& args) {
     j["reference_run"] = args.positional[0];
     j["suspect_run"] = args.positional[1];
     j["nodes"] = daemon::NodesJson(a->nodes());
-    std::printf("%s\n", j.dump(2).c_str());
+    PrintJson(j);
   } else {
     std::printf("opguard diff %s %s · %s\n", args.positional[0].c_str(), args.positional[1].c_str(),
                 aligner::DiffStatusName(report.status));
@@ -82,7 +82,7 @@ int RanksMain(const Args& args) {
   auto j = daemon::RanksJson(*a);
   j["run"] = args.positional[0];
   if (args.json) {
-    std::printf("%s\n", j.dump(2).c_str());
+    PrintJson(j);
   } else {
     std::printf("opguard ranks %s · %s\n", args.positional[0].c_str(),
                 j["status"].get<std::string>().c_str());
@@ -105,7 +105,7 @@ int CollectivesMain(const Args& args) {
     auto j = aligner::ToJson(report);
     j["run"] = args.positional[0];
     j["nodes"] = daemon::NodesJson(a->nodes());
-    std::printf("%s\n", j.dump(2).c_str());
+    PrintJson(j);
   } else {
     std::printf("opguard collectives %s · %s%s\n", args.positional[0].c_str(),
                 report.status == aligner::DiffStatus::kIdentical

@@ -4,6 +4,7 @@
 #include "opguard/common/log.h"
 #include "opguard/common/spdlog_sink.h"
 #include "opguard/common/status.h"
+#include "opguard/common/utf8.h"
 
 namespace opguard {
 namespace {
@@ -33,6 +34,19 @@ TEST(Hex, RoundTripsAndRejectsBadDigits) {
   EXPECT_EQ(0, memcmp(in, out, 3));
   EXPECT_FALSE(FromHex("00abf", out, 3));
   EXPECT_FALSE(FromHex("00abfg", out, 3));
+}
+
+TEST(Utf8, AcceptsWellFormedAndRefusesTheRest) {
+  EXPECT_TRUE(IsValidUtf8(""));
+  EXPECT_TRUE(IsValidUtf8("aten::linear"));
+  EXPECT_TRUE(IsValidUtf8("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"));
+  EXPECT_FALSE(IsValidUtf8("run\xff"));             // never valid
+  EXPECT_FALSE(IsValidUtf8("caf\xe9"));             // Latin-1
+  EXPECT_FALSE(IsValidUtf8("\xc3"));                // truncated
+  EXPECT_FALSE(IsValidUtf8("\xc0\xaf"));            // overlong '/'
+  EXPECT_FALSE(IsValidUtf8("\xed\xa0\x80"));        // surrogate
+  EXPECT_FALSE(IsValidUtf8("\xf4\x90\x80\x80"));    // above U+10FFFF
+  EXPECT_FALSE(IsValidUtf8("\xe2\x28\xa1"));        // bad continuation
 }
 
 TEST(Log, ParsesLevels) {

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 
+#include "opguard/common/saturating.h"
 #include "storage/store.h"
 
 namespace opguard::daemon {
@@ -17,6 +18,12 @@ const char* RejectReasonName(RejectReason reason) {
     case RejectReason::kCount: break;
   }
   return "unknown";
+}
+
+void Metrics::AddSaturating(std::atomic<uint64_t>* counter, uint64_t n) {
+  uint64_t old = counter->load(std::memory_order_relaxed);
+  while (!counter->compare_exchange_weak(old, SaturatingAdd(old, n), std::memory_order_relaxed)) {
+  }
 }
 
 void Metrics::ObserveAck(uint64_t micros) {
@@ -93,6 +100,9 @@ std::string Metrics::Prometheus(const Store& store, uint64_t runs, double uptime
   Line(&o, "opguard_commit_seconds_total", "", L(commit_seconds_micros) / 1e6);
   Head(&o, "opguard_store_errors_total", "counter", "Failed store writes.");
   Line(&o, "opguard_store_errors_total", "", L(store_errors));
+  Head(&o, "opguard_ingest_exceptions_total", "counter",
+       "Ingest messages whose handling threw; each got a Rejected ack and the daemon went on.");
+  Line(&o, "opguard_ingest_exceptions_total", "", L(ingest_exceptions));
   Head(&o, "opguard_queries_total", "counter", "Queries answered over ZeroMQ.");
   Line(&o, "opguard_queries_total", "", L(queries));
   Head(&o, "opguard_query_errors_total", "counter", "Queries answered with an error.");

@@ -39,12 +39,15 @@ struct Metrics {
   std::array<std::atomic<uint64_t>, kRejectReasonCount> rejected{};
   std::atomic<uint64_t> commit_groups{0}, commit_batches{0}, commit_seconds_micros{0};
   std::atomic<uint64_t> store_errors{0};
+  std::atomic<uint64_t> ingest_exceptions{0};  // messages whose handling threw (a bug caught)
   std::array<std::atomic<uint64_t>, kAckBuckets.size() + 1> ack_buckets{};  // last: +Inf
   std::atomic<uint64_t> ack_count{0}, ack_sum_micros{0};
   std::atomic<uint64_t> queries{0}, query_errors{0}, http_requests{0};
   std::atomic<uint64_t> runs_deleted{0};
 
   void ObserveAck(uint64_t micros);
+  // For counters fed with sender-chosen numbers (gap records): stop at the top.
+  static void AddSaturating(std::atomic<uint64_t>* counter, uint64_t n);
   uint64_t RejectedTotal() const;
   // The whole exposition, Prometheus text format 0.0.4.
   std::string Prometheus(const Store& store, uint64_t runs, double uptime_s) const;

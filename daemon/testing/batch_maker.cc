@@ -70,6 +70,9 @@ std::string MakeBatch(const std::string& run, uint32_t rank, uint64_t session, u
         wire::CreateKeyValue(b, b.CreateString("cublas_workspace_config"), b.CreateString(":4096:8")),
         wire::CreateKeyValue(b, b.CreateString("deterministic_algorithms"), b.CreateString("true")),
     };
+    for (const auto& [key, value] : o.determinism) {
+      det.push_back(wire::CreateKeyValue(b, b.CreateString(key), b.CreateString(value)));
+    }
     announce = wire::CreateRunAnnounce(b, b.CreateString("job-42"), rank % 8, o.world_size,
                                        b.CreateString("node-a"), 1000 + rank, b.CreateString("loadgen"), 0,
                                        b.CreateVectorOfSortedTables(&det), 0, 1700000000000000000ull);

@@ -16,6 +16,7 @@
 #include <xxhash.h>
 
 #include "opguard/common/log.h"
+#include "opguard/common/utf8.h"
 #include "opguard/idl/envelope.h"
 
 namespace opguard::shim {
@@ -544,6 +545,9 @@ int Core::ReportGap(uint32_t lane, uint64_t count, std::string_view reason, uint
 
 int Core::SetRunInfo(int kind, std::string_view key, std::string_view value) {
   if (!accepting()) return OPGUARD_ERR_DISABLED;
+  // The daemon refuses a batch with text that is not UTF-8: refuse it here,
+  // where the caller can see the error, not later for the whole batch.
+  if (!IsValidUtf8(key) || !IsValidUtf8(value)) return OPGUARD_ERR_INVALID;
   std::lock_guard<std::mutex> lock(meta_mu_);
   auto set = [&](KeyValues& kvs) {
     if (key.empty()) return false;

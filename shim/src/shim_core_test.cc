@@ -530,6 +530,18 @@ TEST_F(CoreTest, RunInfoIsAnnouncedAndReannouncedWhenItChanges) {
   EXPECT_EQ(r.determinism.at("cudnn.benchmark"), "false");
 }
 
+// The daemon refuses a batch holding text that is not UTF-8, so a Latin-1
+// value (a path, a hostname) is refused here, where the caller sees it.
+TEST_F(CoreTest, RunInfoThatIsNotUtf8IsRefused) {
+  auto core = StartCore();
+  ASSERT_TRUE(core);
+  EXPECT_EQ(core->SetRunInfo(OPGUARD_INFO_JOB_ID, "", "caf\xe9"), OPGUARD_ERR_INVALID);
+  EXPECT_EQ(core->SetRunInfo(OPGUARD_INFO_FRAMEWORK, "", "\xff"), OPGUARD_ERR_INVALID);
+  EXPECT_EQ(core->SetRunInfo(OPGUARD_INFO_ENVIRONMENT, "HOME", "/home/j\xf6rg"), OPGUARD_ERR_INVALID);
+  EXPECT_EQ(core->SetRunInfo(OPGUARD_INFO_DETERMINISM, "k\xff", "true"), OPGUARD_ERR_INVALID);
+  EXPECT_EQ(core->SetRunInfo(OPGUARD_INFO_ENVIRONMENT, "HOME", "/home/j\xc3\xb6rg"), OPGUARD_OK);
+}
+
 TEST_F(CoreTest, InvalidArgumentsAreRefusedAndCounted) {
   auto core = StartCore();
   ASSERT_TRUE(core);

@@ -2,6 +2,7 @@
 
 #include <string_view>
 
+#include "opguard/common/saturating.h"
 #include "storage/record_copy.h"
 
 namespace opguard::daemon {
@@ -21,8 +22,8 @@ RecordCounts& RecordCounts::operator+=(const RecordCounts& o) {
   sites += o.sites;
   sources += o.sources;
   gap_notices += o.gap_notices;
-  op_gap_records += o.op_gap_records;
-  collective_gap_records += o.collective_gap_records;
+  op_gap_records = SaturatingAdd(op_gap_records, o.op_gap_records);
+  collective_gap_records = SaturatingAdd(collective_gap_records, o.collective_gap_records);
   return *this;
 }
 
@@ -129,10 +130,10 @@ void BatchWriter::PutGaps(const wire::Batch& batch, uint64_t run, StoreBatch* ou
     fbb_.Finish(CopyGapNotice(fbb_, gap));
     if (gap->communicator() != 0) {  // a gap of collective records
       out->PutCollectiveGap(run, batch.rank(), gap->communicator(), gap->first_seq(), Finished(fbb_));
-      n->collective_gap_records += gap->records_dropped();
+      n->collective_gap_records = SaturatingAdd(n->collective_gap_records, gap->records_dropped());
     } else {
       out->PutOpGap(run, batch.rank(), gap->lane(), gap->first_op(), Finished(fbb_));
-      n->op_gap_records += gap->records_dropped();
+      n->op_gap_records = SaturatingAdd(n->op_gap_records, gap->records_dropped());
     }
     ++n->gap_notices;
   }

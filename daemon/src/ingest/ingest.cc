@@ -7,8 +7,11 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <typeinfo>
 
 #include "opguard/common/log.h"
+#include "opguard/common/saturating.h"
+#include "opguard/common/utf8.h"
 #include "opguard/idl/envelope.h"
 
 namespace opguard::daemon {
@@ -34,6 +37,41 @@ bool ValidRunName(const flatbuffers::String* name) {
     if (c <= 0x20 || c == 0x7f || c == '/' || c == '\\' || c == '?' || c == '#' || c == '%') return false;
   }
   return true;
+}
+
+// Every text field of a batch ends up in the run's JSON (registry, HTTP,
+// CLI), which must be UTF-8. Returns what is wrong, or "" when all is valid.
+std::string FindInvalidUtf8(const wire::Batch& batch) {
+  auto bad = [](const flatbuffers::String* s) { return s != nullptr && !IsValidUtf8(s->string_view()); };
+  auto bad_pairs = [&bad](const flatbuffers::Vector<flatbuffers::Offset<wire::KeyValue>>* kv) {
+    return kv != nullptr && std::any_of(kv->begin(), kv->end(),
+                                        [&bad](const auto* e) { return bad(e->key()) || bad(e->value()); });
+  };
+  if (bad(batch.run())) return "run name";
+  if (const auto* a = batch.announce()) {
+    if (bad(a->job_id())) return "job id";
+    if (bad(a->node())) return "node";
+    if (bad(a->framework())) return "framework";
+    if (bad_pairs(a->versions())) return "a version key or value";
+    if (bad_pairs(a->determinism())) return "a determinism key or value";
+    if (bad_pairs(a->environment())) return "an environment key or value";
+  }
+  if (const auto* v = batch.strings()) {
+    for (const auto* s : *v) {
+      if (bad(s->text())) return "interned string " + std::to_string(s->id());
+    }
+  }
+  if (const auto* v = batch.communicators()) {
+    for (const auto* c : *v) {
+      if (bad(c->name())) return "communicator name";
+    }
+  }
+  if (const auto* v = batch.gaps()) {
+    for (const auto* g : *v) {
+      if (bad(g->reason())) return "gap reason";
+    }
+  }
+  return "";
 }
 
 std::vector<std::pair<std::string, std::string>> Pairs(
@@ -198,7 +236,11 @@ void Ingest::ReceiverLoop() {
           break;
         }
         if (!got) break;
-        HandleMessage(frames);
+        try {
+          HandleMessage(frames);
+        } catch (const std::exception& e) {
+          NoteException(e);  // no ack: the message could not even be read
+        }
       }
     }
     if (!committer_busy_ && !open_->Empty() && !failed_) SealAndHandOff();
@@ -255,11 +297,30 @@ void Ingest::HandleMessage(std::vector<zmq::message_t>& frames) {
   ack.rank = batch->rank();
   ack.session = batch->session();
   ack.seq = batch->seq();
+  if (std::string field = FindInvalidUtf8(*batch); !field.empty()) {
+    return Reject(ack, RejectReason::kInvalidBatch, field + " is not valid UTF-8");
+  }
   if (!ValidRunName(batch->run())) {
     return Reject(ack, RejectReason::kInvalidBatch,
                   "invalid run name (1..200 printable bytes without '/', '?', '#', '%', '\\' or spaces)");
   }
-  ApplyBatch(static_cast<const uint8_t*>(data), *batch, size, ack);
+  try {
+    ApplyBatch(static_cast<const uint8_t*>(data), *batch, size, ack);
+  } catch (const std::exception& e) {
+    // A bug, not bad input (that is refused above). The batch may be half
+    // applied in memory; it is refused, so its sender logs it and moves on
+    // instead of resending it after every restart.
+    NoteException(e);
+    Reject(ack, RejectReason::kInvalidBatch, std::string("internal error applying the batch: ") + e.what());
+  }
+}
+
+void Ingest::NoteException(const std::exception& e) {
+  metrics_->ingest_exceptions.fetch_add(1, std::memory_order_relaxed);
+  if (exception_kinds_logged_.insert(typeid(e).name()).second) {
+    OPGUARD_LOG(LogLevel::kError, std::string("ingest: handling a message threw (logged once per kind, counted in "
+                                              "opguard_ingest_exceptions_total): ") + e.what());
+  }
 }
 
 void Ingest::Reject(PendingAck& ack, RejectReason reason, const std::string& error) {
@@ -394,8 +455,8 @@ void Ingest::CountBatch(const RecordCounts& records, size_t bytes, uint64_t now,
   rank->ops += records.ops;
   rank->collectives += records.collectives;
   rank->steps += records.steps;
-  rank->gap_records += records.op_gap_records;
-  rank->collective_gap_records += records.collective_gap_records;
+  rank->gap_records = SaturatingAdd(rank->gap_records, records.op_gap_records);
+  rank->collective_gap_records = SaturatingAdd(rank->collective_gap_records, records.collective_gap_records);
   rank->gap_notices += records.gap_notices;
   if (batch.end_of_run()) rank->ended = true;
   ++rank->batches;
@@ -487,8 +548,7 @@ void Ingest::DrainCommitted() {
     metrics_->sources.fetch_add(n.sources, std::memory_order_relaxed);
     metrics_->steps.fetch_add(n.steps, std::memory_order_relaxed);
     metrics_->gap_notices.fetch_add(n.gap_notices, std::memory_order_relaxed);
-    metrics_->gap_records.fetch_add(n.op_gap_records + n.collective_gap_records,
-                                    std::memory_order_relaxed);
+    Metrics::AddSaturating(&metrics_->gap_records, SaturatingAdd(n.op_gap_records, n.collective_gap_records));
     metrics_->bytes_received.fetch_add(group->bytes, std::memory_order_relaxed);
     metrics_->commit_batches.fetch_add(group->acks.size(), std::memory_order_relaxed);
     for (auto& ack : group->acks) SendAck(ack, true, "");

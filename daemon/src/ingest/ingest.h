@@ -30,6 +30,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <future>
 #include <map>
@@ -88,6 +89,8 @@ class Ingest final : public RunWriter {
   void CommitterLoop();
   void HandleMessage(std::vector<zmq::message_t>& frames);
   void Reject(PendingAck& ack, RejectReason reason, const std::string& error);
+  // Counts an exception caught while handling one message; logs once per type.
+  void NoteException(const std::exception& e);
   void SendAck(PendingAck& ack, bool durable, const std::string& error);
   // The steps of one verified batch. `buffer`: the message that holds it.
   void ApplyBatch(const uint8_t* buffer, const wire::Batch& batch, size_t bytes, PendingAck& ack);
@@ -116,6 +119,7 @@ class Ingest final : public RunWriter {
   uint64_t next_run_id_ = 1;
   std::map<uint64_t, std::set<uint32_t>> dirty_ranks_;
   std::set<uint64_t> dirty_meta_;
+  std::set<std::string> exception_kinds_logged_;  // receiver thread
   std::unique_ptr<Group> open_;
   std::unique_ptr<Group> spare_;  // a committed group, kept for reuse
   bool committer_busy_ = false;

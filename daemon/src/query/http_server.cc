@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <optional>
 
 #include "metrics.h"
 #include "opguard/common/log.h"
@@ -24,11 +25,25 @@ using tcp = asio::ip::tcp;
 
 namespace {
 
-std::string UrlDecode(std::string_view in) {
+int HexDigit(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+constexpr const char* kBadEscape = "bad percent escape in the URL (expected %XX, two hex digits, not %00)";
+
+// nullopt for '%' without two hex digits after it, and for %00: a NUL byte
+// in a run name or parameter is never meant.
+std::optional<std::string> UrlDecode(std::string_view in) {
   std::string out;
   for (size_t i = 0; i < in.size(); ++i) {
-    if (in[i] == '%' && i + 2 < in.size()) {
-      out.push_back(static_cast<char>(std::strtol(std::string(in.substr(i + 1, 2)).c_str(), nullptr, 16)));
+    if (in[i] == '%') {
+      const int hi = i + 2 < in.size() ? HexDigit(in[i + 1]) : -1;
+      const int lo = hi >= 0 ? HexDigit(in[i + 2]) : -1;
+      if (lo < 0 || (hi == 0 && lo == 0)) return std::nullopt;
+      out.push_back(static_cast<char>(hi * 16 + lo));
       i += 2;
     } else if (in[i] == '+') {
       out.push_back(' ');
@@ -39,13 +54,17 @@ std::string UrlDecode(std::string_view in) {
   return out;
 }
 
-std::vector<std::string> SplitPath(std::string_view path) {
+std::optional<std::vector<std::string>> SplitPath(std::string_view path) {
   std::vector<std::string> parts;
   size_t i = 0;
   while (i < path.size()) {
     size_t j = path.find('/', i);
     if (j == std::string_view::npos) j = path.size();
-    if (j > i) parts.push_back(UrlDecode(path.substr(i, j - i)));
+    if (j > i) {
+      auto part = UrlDecode(path.substr(i, j - i));
+      if (!part) return std::nullopt;
+      parts.push_back(std::move(*part));
+    }
     i = j + 1;
   }
   return parts;
@@ -62,7 +81,7 @@ bool ParseU64(const std::string& s, uint64_t* out) {
 }
 
 HttpResponse Json(int status, const nlohmann::json& j) {
-  return {status, "application/json", j.dump() + "\n"};
+  return {status, "application/json", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n"};
 }
 
 HttpResponse Error(int status, const std::string& message) {
@@ -158,7 +177,9 @@ class Session : public std::enable_shared_from_this<Session> {
 bool IsAlignerRoute(const std::string& target) {
   std::string_view path = target;
   if (auto q = path.find('?'); q != std::string_view::npos) path = path.substr(0, q);
-  auto parts = SplitPath(path);
+  auto split = SplitPath(path);
+  if (!split) return false;  // answered 400 on the control thread
+  const auto& parts = *split;
   if (parts.size() == 2 && parts[0] == "api" && parts[1] == "diff") return true;
   return parts.size() == 4 && parts[0] == "api" && parts[1] == "runs" &&
          (parts[3] == "ranks" || parts[3] == "collectives");
@@ -179,12 +200,18 @@ HttpResponse RouteHttp(const std::string& method, const std::string& target, Que
       if (j == std::string_view::npos) j = query.size();
       auto item = query.substr(i, j - i);
       auto eq = item.find('=');
-      if (eq != std::string_view::npos) params[UrlDecode(item.substr(0, eq))] = UrlDecode(item.substr(eq + 1));
+      if (eq != std::string_view::npos) {
+        auto key = UrlDecode(item.substr(0, eq)), value = UrlDecode(item.substr(eq + 1));
+        if (!key || !value) return Error(400, kBadEscape);
+        params[*key] = std::move(*value);
+      }
       i = j + 1;
     }
   }
+  auto split = SplitPath(path);
+  if (!split) return Error(400, kBadEscape);
+  const auto& parts = *split;
   if (method != "GET" && method != "HEAD") return Error(405, "only GET is served");
-  auto parts = SplitPath(path);
   if (path == "/metrics") {
     auto runs = service->ListRuns().size();
     double uptime = service->StatusJson()["uptime_s"].get<double>();

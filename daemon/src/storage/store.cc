@@ -360,11 +360,11 @@ void StoreBatch::PutNextRunId(uint64_t next_id) {
 }
 
 void StoreBatch::PutRunMeta(const RunState& run) {
-  batch_.Put(cf(Cf::kMeta), keys::MetaRunKey(run.name), RunMetaToJson(run).dump());
+  batch_.Put(cf(Cf::kMeta), keys::MetaRunKey(run.name), RunMetaToJson(run).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
 }
 
 void StoreBatch::PutRank(uint64_t run, uint32_t rank, const RankState& state) {
-  batch_.Put(cf(Cf::kMeta), keys::MetaRankKey(run, rank), RankToJson(state).dump());
+  batch_.Put(cf(Cf::kMeta), keys::MetaRankKey(run, rank), RankToJson(state).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
 }
 
 void StoreBatch::PutString(uint64_t run, uint64_t id, std::string_view text) {

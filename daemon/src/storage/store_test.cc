@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "opguard/daemon/testing/batch_maker.h"
+#include "storage/temp_store.h"
 
 namespace opguard::daemon {
 namespace {
@@ -119,6 +120,24 @@ TEST(Store, DeletingARunGivesItsBlobFilesBack) {
   EXPECT_EQ(value, chunk + "6");  // the last one written
   ASSERT_TRUE((*store)->ScanOps(5, 0, 0, 0, 1000, [&](uint64_t, const rocksdb::Slice&) { ++n; }, &more).ok());
   EXPECT_EQ(n, 64);
+}
+
+// Bytes that are not UTF-8 (from an older store, or a path that skipped
+// validation) are rendered replaced, never thrown on: a throw here would be
+// on the ingest thread.
+TEST(Store, RunMetaWithInvalidUtf8IsWrittenNotThrown) {
+  testing::TempDir dir;
+  auto store = OpenTempStore(dir);
+  ASSERT_NE(store, nullptr);
+  RunState run;
+  run.id = 1;
+  run.name = "r\xff";
+  run.determinism = {{"k\xfe", "caf\xe9"}};
+  run.ranks[0].node = "node\xff";
+  StoreBatch wb(store.get());
+  EXPECT_NO_THROW(wb.PutRunMeta(run));
+  EXPECT_NO_THROW(wb.PutRank(1, 0, run.ranks[0]));
+  EXPECT_TRUE(store->Write(&wb, true).ok());
 }
 
 }  // namespace

@@ -144,7 +144,11 @@ enum {
   OPGUARD_INFO_ENVIRONMENT = 5 /* key: variable, value: its value */
 };
 /* Call before recording ops: the announcement rides in the first batch.
- * Later changes are re-announced in the next batch (the daemon merges). */
+ * Later changes are re-announced in the next batch (the daemon merges).
+ * key and value must be UTF-8 (convert Latin-1 paths first): otherwise
+ * OPGUARD_ERR_INVALID and nothing is recorded, since the daemon would refuse
+ * every batch carrying them. Unknown kind, or an empty key where one is
+ * needed: OPGUARD_ERR_INVALID too. */
 OPGUARD_API int opguard_set_run_info(int kind, const char* key, const char* value);
 
 /* ---- interning ------------------------------------------------------------ */

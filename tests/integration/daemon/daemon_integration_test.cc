@@ -70,6 +70,17 @@ class DaemonTest : public ::testing::Test {
     return ops;
   }
 
+  // Sends one raw frame to the ingest socket; the answer must be a Rejected
+  // ack whose error contains `error`.
+  static void ExpectRejected(DaemonProcess& d, const std::string& what, const std::string& frame,
+                             const std::string& error) {
+    auto reply = testing::SendRaw(d.ingest(), frame, 10s);
+    ASSERT_TRUE(reply.ok()) << what << ": " << reply.status().message();
+    const std::string ack = testing::DescribeAck(*reply);
+    EXPECT_EQ(ack.rfind("rejected: ", 0), 0u) << what << ": " << ack;
+    EXPECT_NE(ack.find(error), std::string::npos) << what << ": " << ack;
+  }
+
   static uint64_t Metric(const std::string& text, const std::string& name_and_labels) {
     auto pos = text.find("\n" + name_and_labels + " ");
     if (pos == std::string::npos) return UINT64_MAX;
@@ -238,13 +249,7 @@ TEST_F(DaemonTest, BadInputIsRejectedAndCountedWhileGoodTrafficContinues) {
   };
   ASSERT_GT(cases[2].frame.size(), 1u << 20);
   ASSERT_LT(cases[2].frame.size(), 2u << 20);
-  for (const auto& c : cases) {
-    auto reply = testing::SendRaw(d->ingest(), c.frame, 10s);
-    ASSERT_TRUE(reply.ok()) << c.what << ": " << reply.status().message();
-    const std::string ack = testing::DescribeAck(*reply);
-    EXPECT_EQ(ack.rfind("rejected: ", 0), 0u) << c.what << ": " << ack;
-    EXPECT_NE(ack.find(c.error), std::string::npos) << c.what << ": " << ack;
-  }
+  for (const auto& c : cases) ExpectRejected(*d, c.what, c.frame, c.error);
   // Beyond twice the limit ZeroMQ drops the connection without reading it.
   auto huge = testing::SendRaw(d->ingest(), std::string(3u << 20, 'y'), 1500ms);
   EXPECT_FALSE(huge.ok());
@@ -264,6 +269,39 @@ TEST_F(DaemonTest, BadInputIsRejectedAndCountedWhileGoodTrafficContinues) {
   EXPECT_EQ(Metric(m, "opguard_batches_rejected_total{reason=\"wrong_message\"}"), 1u);
   EXPECT_EQ(Metric(m, "opguard_batches_rejected_total{reason=\"invalid_batch\"}"), 1u);
   EXPECT_EQ(Metric(m, "opguard_batches_total{result=\"durable\"}"), 150u);
+  EXPECT_TRUE(d->Running());
+  EXPECT_EQ(d->Stop(), 0);
+}
+
+// One byte that is not UTF-8, in the run name or in a setting's value, used
+// to abort the daemon when the run's JSON was written (and again after each
+// restart, as the shim resent it). It is now refused at the boundary.
+TEST_F(DaemonTest, NonUtf8StringsAreRejectedAndTheDaemonKeepsServing) {
+  auto d = StartDaemon();
+  BatchOptions announce;
+  announce.announce = announce.definitions = true;
+  BatchOptions bad_setting = announce;
+  bad_setting.determinism = {{"cudnn.benchmark", "f\xff"}};
+  const std::vector<std::pair<const char*, std::string>> cases = {
+      {"run name", testing::MakeBatch("latin\xff", 0, 3, 0, 0, 10, announce)},
+      {"determinism value", testing::MakeBatch("utf8-bad-setting", 0, 4, 0, 0, 10, bad_setting)},
+  };
+  for (const auto& [what, frame] : cases) ExpectRejected(*d, what, frame, "UTF-8");
+  ASSERT_TRUE(d->Running());
+
+  // Still serving: a normal run is ingested and answered, the refused ones
+  // left no trace.
+  RankSender good(d->ingest(), "good", 0, 5, 20);
+  ASSERT_TRUE(good.Run(10, Clock::now() + 30s, 4).ok());
+  auto runs = testing::HttpGet(d->http(), "/api/runs");
+  ASSERT_TRUE(runs.ok() && runs->status == 200);
+  auto json = nlohmann::json::parse(runs->body);
+  ASSERT_EQ(json["runs"].size(), 1u) << runs->body;
+  EXPECT_EQ(json["runs"][0]["name"], "good");
+  EXPECT_EQ(json["runs"][0]["ops"], 10u * 20);
+  auto metrics = testing::HttpGet(d->http(), "/metrics");
+  ASSERT_TRUE(metrics.ok());
+  EXPECT_EQ(Metric(metrics->body, "opguard_batches_rejected_total{reason=\"invalid_batch\"}"), 2u);
   EXPECT_TRUE(d->Running());
   EXPECT_EQ(d->Stop(), 0);
 }

@@ -28,6 +28,7 @@ struct BatchOptions {
   uint16_t schema_major = 0;     // 0: this build's major
   bool end_of_run = false;
   std::vector<std::pair<uint64_t, uint64_t>> gaps;  // [first_op, last_op] missing on lane 0
+  std::vector<std::pair<std::string, std::string>> determinism;  // added to the announce's settings
   // RankSender only: build one batch and patch seq/op indices into copies of
   // it (costs the sender ~50 ns per op instead of ~2.5 us), to measure the
   // daemon rather than the batch builder. Record contents repeat.
