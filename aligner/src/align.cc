@@ -486,6 +486,7 @@ class LaneAligner {
       Pair p{static_cast<uint32_t>(r), static_cast<uint32_t>(of_r[r]), flags[r]};
       // Pairs out of the suspect's order are reordered ones (see Pair).
       if (of_r[r] < last_in_order) {
+        if (!(p.flags & Pair::kReordered)) ++out_->reordered;
         p.flags |= Pair::kReordered;
       } else if (!(p.flags & Pair::kReordered)) {
         last_in_order = of_r[r];

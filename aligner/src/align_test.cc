@@ -45,6 +45,7 @@ TEST(AlignLane, OneLineRunForIndependentDataInAnotherOrderPairsByData) {
   EXPECT_EQ(a.pairs[4].sus, 3u);  // k - k
   EXPECT_EQ(a.pairs[5].sus, 5u);  // v kept
   EXPECT_EQ(a.pairs[3].flags & Pair::kByData, Pair::kByData);
+  EXPECT_EQ(a.reordered, 1u);  // k, before q in the suspect
   for (const Pair& p : a.pairs) EXPECT_EQ(r.ops[p.ref].outputs, s.ops[p.sus].outputs);
   EXPECT_FALSE(a.degraded);
 }
