@@ -292,7 +292,7 @@ void NameBackwardOp(const at::RecordFunction& fn, OpContext& ctx, ThreadState& t
   }
   if (recompute) ctx.seq_begin = PeekSequenceNumber();
   if (ctx.site == 0 && std::this_thread::get_id() == g_adapter.main_thread) {
-    ctx.site = FindUserSite().site;
+    ctx.site = ts.backward_calls > 0 ? ts.backward_site : FindUserSite().site;
   }
 }
 

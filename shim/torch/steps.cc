@@ -65,9 +65,11 @@ void Updated(Rule rule) {
 void BackwardBegin(ThreadState& ts) {
   // Only the top-level call: not one made inside a backward pass
   // (hand-written recompute) or inside another backward() call.
-  if (ts.backward_calls++ > 0 || ts.backward_nodes > 0 || Explicit() || !OnTrainingThread()) {
-    return;
-  }
+  if (ts.backward_calls++ > 0 || ts.backward_nodes > 0) return;
+  // Ops of the backward pass that no forward op maps to take this site: one
+  // lookup per backward() call, not one per op.
+  ts.backward_site = FindUserSite().site;
+  if (Explicit() || !OnTrainingThread()) return;
   // An update ran but no op began the next iteration before this backward:
   // the step boundary is here at the latest.
   if (S().phase.load() == Phase::kUpdated) StartNextStep(ts);

@@ -49,6 +49,7 @@ struct ThreadState {
   int replicated_regions = 0;  // opguard.replicated() regions currently open
   int unrecorded_regions = 0;  // DataLoader work on this thread (opguard/_data.py)
   int backward_calls = 0;      // torch.autograd.backward calls open (steps.cc)
+  uint64_t backward_site = 0;  // the user's call site of the outermost open one
   // Python code autograd runs (a custom Function's backward, saved-tensor and
   // tensor hooks), innermost last: the number of autograd nodes open when
   // each region began, so that ops of nodes run inside it are told apart.
