@@ -98,6 +98,7 @@ json View(const OpView& v) {
               {"step", v.step},
               {"op", v.op},
               {"site", Site(v.site)},
+              {"forward_site", v.forward_site.id != 0 ? Site(v.forward_site) : json(nullptr)},
               {"seq_nr", v.seq_nr},
               {"backward", v.backward},
               {"start_ns", v.start_ns},
@@ -110,6 +111,13 @@ json View(const OpView& v) {
               {"kernels", v.kernels}};
 }
 
+// Where the pivot's forward was called, when it is a backward op with a site
+// of its own; null when neither run recorded one.
+json ForwardSites(const FirstDivergence& f) {
+  if (f.reference.forward_site.id == 0 && f.suspect.forward_site.id == 0) return nullptr;
+  return json{{"reference", Site(f.reference.forward_site)}, {"suspect", Site(f.suspect.forward_site)}};
+}
+
 json Divergence(const std::optional<FirstDivergence>& f) {
   if (!f) return nullptr;
   return json{{"rank", f->rank},
@@ -118,6 +126,7 @@ json Divergence(const std::optional<FirstDivergence>& f) {
               {"op", f->op},
               {"op_index", {{"reference", f->reference.op_index}, {"suspect", f->suspect.op_index}}},
               {"site", {{"reference", Site(f->reference.site)}, {"suspect", Site(f->suspect.site)}}},
+              {"forward_site", ForwardSites(*f)},
               {"inputs_equal", f->inputs_equal},
               {"differing_outputs", f->differing_outputs},
               {"reference", View(f->reference)},
@@ -195,6 +204,9 @@ void PivotText(std::ostringstream& o, const FirstDivergence& f, const char* head
   o << " · " << SiteText(f.reference.site) << "\n";
   o << "  suspect:   op #" << f.suspect.op_index << " · step " << f.suspect.step << " · "
     << SiteText(f.suspect.site) << (f.lane != 0 ? " · lane " + std::to_string(f.lane) : "") << "\n";
+  if (f.suspect.forward_site.id != 0) {
+    o << "  in the backward of the forward at " << SiteText(f.suspect.forward_site) << "\n";
+  }
 }
 
 void EvidenceText(std::ostringstream& o, const FirstDivergence& f) {

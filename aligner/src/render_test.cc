@@ -71,6 +71,7 @@ TEST(Render, DiffJsonHasTheDocumentedFields) {
   EXPECT_EQ(fd["site"]["suspect"]["line"], 214);
   EXPECT_EQ(fd["site"]["reference"]["function"], "scatter_router_mask");
   EXPECT_EQ(fd["inputs_equal"], true);
+  EXPECT_TRUE(fd["forward_site"].is_null());  // a forward op: no backward context
   EXPECT_EQ(fd["suspect"]["input_signatures"], nlohmann::json::parse("[0, 1077945344, 0, 0]"));
   EXPECT_EQ(j["unaligned_before"]["reference"], 0);
   EXPECT_EQ(j["unaligned_before"]["suspect"], 33);
@@ -87,6 +88,30 @@ TEST(Render, DiffTextReadsLikeACompilerError) {
   EXPECT_NE(text.find("aligned 2 ops · unaligned before boundary: reference 0, suspect 33\n"), std::string::npos) << text;
   EXPECT_NE(text.find("inputs identical (fingerprints equal), output differs → the op itself"), std::string::npos);
   EXPECT_NE(text.find("[0, 1077945344, 0, 0]"), std::string::npos) << text;
+}
+
+// A backward op run by Python code (a custom Function's backward) has its own
+// site; the forward call that created its autograd node comes with it.
+TEST(Render, BackwardPivotNamesItsForwardCallSite) {
+  Fixture f;
+  f.strings.AddString(3, "attention_apply");
+  f.strings.AddSite(Id("site:F"), {1, 150, 3});
+  for (InMemoryDetails* details : {&f.ref_details, &f.sus_details}) {
+    OpDetail d = *details->Find(3, 0, details == &f.ref_details ? 2 : 35);
+    d.backward = true;
+    d.forward_site = Id("site:F");
+    details->Add(3, d);
+  }
+  DiffReport rep = MergeRankDiffs({Sample(f)}, {3});
+  const nlohmann::json fd = ToJson(rep)["first_divergence"];
+  EXPECT_EQ(fd["forward_site"]["suspect"]["line"], 150);
+  EXPECT_EQ(fd["forward_site"]["reference"]["function"], "attention_apply");
+  EXPECT_EQ(fd["suspect"]["forward_site"]["line"], 150);
+  EXPECT_EQ(fd["site"]["suspect"]["line"], 214);  // the op's own line stays the site
+  std::string text = ToText(rep);
+  EXPECT_NE(text.find("  in the backward of the forward at train.py:150 in attention_apply\n"),
+            std::string::npos)
+      << text;
 }
 
 TEST(Render, IncompleteAndPartialAreSaid) {

@@ -60,6 +60,7 @@ OpView MakeOpView(uint32_t rank, uint32_t lane, const OpEvent& e, const DetailSo
   v.detail_available = true;
   v.seq_nr = d->seq_nr;
   v.backward = d->backward;
+  v.forward_site = ResolveSite(strings, d->forward_site);
   v.start_ns = d->start_ns;
   for (const TensorInfo& t : d->outputs) v.outputs.push_back(ToView(t));
   for (const InputValue& in : d->inputs) {

@@ -281,6 +281,7 @@ bool EncodeOp(EntryReader& r, Builder& b) {
   ob.add_duration_ns(op.duration_ns);
   ob.add_nondeterministic((op.flags & OPGUARD_OP_NONDETERMINISTIC) != 0);
   ob.add_replicated((op.flags & OPGUARD_OP_REPLICATED) != 0);
+  ob.add_forward_site(op.forward_site);
   b.ops.push_back(ob.Finish());
   return true;
 }

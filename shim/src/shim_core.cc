@@ -328,6 +328,7 @@ int Core::RecordOp(const opguard_op& in, uint64_t* op_index_out) {
   f.seq_nr = op.seq_nr;
   f.start_ns = start_ns;
   f.duration_ns = op.duration_ns;
+  f.forward_site = op.forward_site;
   f.lane = op.lane;
   f.flags = op.flags;
   f.num_inputs = op.num_inputs;

@@ -39,7 +39,7 @@ struct EntryHeader {
 struct OpFixed {
   uint64_t op_index, step, name, site;
   int64_t seq_nr;
-  uint64_t start_ns, duration_ns;
+  uint64_t start_ns, duration_ns, forward_site;
   uint32_t lane, flags, num_inputs, num_outputs, num_kernels, pad;
 };
 

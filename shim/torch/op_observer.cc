@@ -285,10 +285,12 @@ void NameBackwardOp(const at::RecordFunction& fn, OpContext& ctx, ThreadState& t
   const NodeName& tag = recompute ? kRecompute : node;
   ctx.name = ts.names.GetBackward(fn.name(), tag.text, tag.hash);
   ctx.seq_nr = ts.node_seq;
+  const uint64_t forward_site = ts.node_seq >= 0 ? g_forward_sites->Lookup(ts.node_seq) : 0;
   if (python) {
     ctx.site = FindUserSite().site;
-  } else if (ts.node_seq >= 0) {
-    ctx.site = g_forward_sites->Lookup(ts.node_seq);
+    if (forward_site != ctx.site) ctx.forward_site = forward_site;
+  } else {
+    ctx.site = forward_site;
   }
   if (recompute) ctx.seq_begin = PeekSequenceNumber();
   if (ctx.site == 0 && std::this_thread::get_id() == g_adapter.main_thread) {
@@ -437,6 +439,7 @@ void OnFunctionEnd(const at::RecordFunction& fn, OpContext* ctx, ThreadState& ts
   op.op_index = OPGUARD_AUTO;
   op.name = ctx->name;
   op.site = ctx->site;
+  op.forward_site = ctx->forward_site;
   op.flags = ctx->backward ? OPGUARD_OP_BACKWARD : 0;
   if (ctx->uninitialised_output) op.flags |= OPGUARD_OP_NONDETERMINISTIC;
   if (ctx->replicated) op.flags |= OPGUARD_OP_REPLICATED;

@@ -78,6 +78,7 @@ class OpContext final : public at::ObserverContext {
   std::shared_ptr<NativeCollective> native;  // set for c10d ops: see NativeCollectiveStart
   uint64_t name = 0;
   uint64_t site = 0;
+  uint64_t forward_site = 0;  // a backward op with its own site: its forward's
   int64_t seq_nr = -1;
   int64_t seq_begin = -1;
   uint64_t start_ns = 0;

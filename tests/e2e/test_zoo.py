@@ -44,7 +44,8 @@ class BugZoo(harness.DaemonTestCase):
         self.assertEqual(report["kind"], "diff")
         return report
 
-    def assert_pivot(self, suspect, rank, step, op, needle, inputs_equal, diverging=None):
+    def assert_pivot(self, suspect, rank, step, op, needle, inputs_equal, diverging=None,
+                     forward_needle=None):
         report = self.diff(suspect)
         text = json.dumps(report, indent=1)[:4000]
         self.assertEqual(report["status"], "diverged", text)
@@ -54,6 +55,13 @@ class BugZoo(harness.DaemonTestCase):
         self.assertEqual(first["site"]["suspect"]["line"], line(needle), text)
         self.assertEqual(first["inputs_equal"], inputs_equal, text)
         self.assertEqual(report["diverging_ranks"], diverging or [rank], text)
+        # A backward op with its own line names the forward call it belongs to.
+        forward = first["forward_site"]
+        if forward_needle is None:
+            self.assertIsNone(forward, text)
+        else:
+            self.assertEqual(forward["suspect"]["line"], line(forward_needle), text)
+            self.assertEqual(forward["reference"]["line"], line(forward_needle), text)
         return report
 
     def assert_identical(self, suspect):
@@ -75,7 +83,8 @@ class BugZoo(harness.DaemonTestCase):
         self.train_run("attention-backward", fault="attention_backward:1:1")
         self.assert_pivot("attention-backward", rank=1, step=1,
                           op="aten::matmul [AttentionBackward]",
-                          needle="grad_v = torch.matmul(probs_t, grad_out)", inputs_equal=False)
+                          needle="grad_v = torch.matmul(probs_t, grad_out)", inputs_equal=False,
+                          forward_needle="att = Attention.apply(qh, kh, vh)")
 
     def test_bug_in_a_custom_functions_forward(self):
         self.train_run("attention-forward", fault="attention_forward:0:2")
@@ -87,7 +96,8 @@ class BugZoo(harness.DaemonTestCase):
         # The first recomputed op on the wrong input: the detach that starts
         # the recompute (the roll that picked the input has no counterpart).
         self.assert_pivot("recompute", rank=1, step=0, op="aten::detach [recompute]",
-                          needle="x = x.detach().requires_grad_(True)", inputs_equal=False)
+                          needle="x = x.detach().requires_grad_(True)", inputs_equal=False,
+                          forward_needle="RecomputedGelu.apply(self.up(self.ln2(x)))")
 
     def test_bug_in_a_hand_written_optimizer(self):
         self.train_run("optimizer", fault="optimizer:-1:2")

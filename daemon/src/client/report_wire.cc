@@ -104,6 +104,7 @@ std::vector<aligner::TensorView> TensorsFromWire(
 Offset<wire::OpView> OpViewToWire(FlatBufferBuilder& b, const aligner::OpView& v) {
   auto op = b.CreateString(v.op);
   auto site = SiteToWire(b, v.site);
+  auto forward_site = SiteToWire(b, v.forward_site);
   auto outputs = TensorsToWire(b, v.outputs);
   std::vector<Offset<wire::InputView>> inputs;
   for (const auto& in : v.inputs) {
@@ -116,7 +117,8 @@ Offset<wire::OpView> OpViewToWire(FlatBufferBuilder& b, const aligner::OpView& v
   auto kernels = Strings(b, v.kernels);
   wire::Fp128 od = Fp(v.output_digest), id = Fp(v.input_digest);
   return wire::CreateOpView(b, v.rank, v.lane, v.op_index, v.step, op, site, v.seq_nr, v.backward,
-                            v.start_ns, v.detail_available, outputs, inputs_vec, kernels, &od, &id);
+                            v.start_ns, v.detail_available, outputs, inputs_vec, kernels, &od, &id,
+                            forward_site);
 }
 
 aligner::OpView OpViewFromWire(const wire::OpView* w) {
@@ -128,6 +130,7 @@ aligner::OpView OpViewFromWire(const wire::OpView* w) {
   v.step = w->step();
   v.op = Str(w->op());
   v.site = SiteFromWire(w->site());
+  v.forward_site = SiteFromWire(w->forward_site());
   v.seq_nr = w->seq_nr();
   v.backward = w->backward();
   v.start_ns = w->start_ns();

@@ -127,5 +127,33 @@ TEST(CollectiveGroups, GroupNamingAnUnlistedRankIsIgnored) {
   EXPECT_EQ(back[0].events.size(), 1u);
 }
 
+// A peer's pivot crosses the wire with its sites: the op's own and, for a
+// backward op with a site of its own, the forward call's.
+TEST(RankDiffWire, PivotSitesTravel) {
+  aligner::RankDiff d;
+  d.rank = 2;
+  d.status = aligner::DiffStatus::kDiverged;
+  aligner::FirstDivergence f;
+  f.rank = 2;
+  f.op = "aten::matmul [AttentionBackward]";
+  f.suspect.backward = true;
+  f.suspect.site = {7, "train.py", 88, "backward"};
+  f.suspect.forward_site = {9, "train.py", 150, "forward"};
+  f.reference = f.suspect;
+  f.reference.forward_site = {};
+  d.first_divergence = f;
+  flatbuffers::FlatBufferBuilder b;
+  b.Finish(RankDiffToWire(b, d));
+  aligner::RankDiff back = RankDiffFromWire(*flatbuffers::GetRoot<wire::RankDiff>(b.GetBufferPointer()));
+  ASSERT_TRUE(back.first_divergence.has_value());
+  const aligner::OpView& s = back.first_divergence->suspect;
+  EXPECT_EQ(s.site.line, 88u);
+  EXPECT_EQ(s.forward_site.id, 9u);
+  EXPECT_EQ(s.forward_site.file, "train.py");
+  EXPECT_EQ(s.forward_site.line, 150u);
+  EXPECT_EQ(s.forward_site.function, "forward");
+  EXPECT_EQ(back.first_divergence->reference.forward_site.id, 0u);
+}
+
 }  // namespace
 }  // namespace opguard::daemon

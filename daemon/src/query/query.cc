@@ -193,6 +193,7 @@ Result<TracePage> QueryService::ReadTrace(const std::string& name, uint32_t rank
                                 if (!op.ok()) return;  // skip a corrupt record, keep paging
                                 string_ids.insert((*op)->name());
                                 if ((*op)->site()) site_ids.insert((*op)->site());
+                                if ((*op)->forward_site()) site_ids.insert((*op)->forward_site());
                                 if (const auto* k = (*op)->kernels()) string_ids.insert(k->begin(), k->end());
                                 page.ops.emplace_back(value.data(), value.size());
                                 bytes += value.size();
@@ -400,11 +401,12 @@ nlohmann::json QueryService::TraceJson(const std::string& run, uint32_t rank, ui
         }
       }
     }
-    nlohmann::json site = nullptr;
-    if (auto it = page.sites.find(op->site()); it != page.sites.end()) {
-      site = {{"file", str(it->second.file)}, {"line", it->second.line},
+    auto site_json = [&](uint64_t id) -> nlohmann::json {
+      auto it = page.sites.find(id);
+      if (it == page.sites.end()) return nullptr;
+      return {{"file", str(it->second.file)}, {"line", it->second.line},
               {"function", str(it->second.function)}};
-    }
+    };
     nlohmann::json kernels = nlohmann::json::array();
     if (op->kernels()) {
       for (uint64_t k : *op->kernels()) kernels.push_back(str(k));
@@ -413,7 +415,8 @@ nlohmann::json QueryService::TraceJson(const std::string& run, uint32_t rank, ui
                    {"lane", op->lane()},
                    {"step", op->step()},
                    {"name", str(op->name())},
-                   {"site", site},
+                   {"site", site_json(op->site())},
+                   {"forward_site", site_json(op->forward_site())},
                    {"seq_nr", op->seq_nr()},
                    {"backward", op->backward()},
                    {"nondeterministic", op->nondeterministic()},

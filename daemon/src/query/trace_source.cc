@@ -82,6 +82,7 @@ void OpDetailFromRecord(const wire::OpRecord& r, aligner::OpDetail* d) {
   d->site = r.site();
   d->seq_nr = r.seq_nr();
   d->backward = r.backward();
+  d->forward_site = r.forward_site();
   const auto* inputs = r.inputs();
   d->inputs.resize(inputs ? inputs->size() : 0);
   for (size_t i = 0; i < d->inputs.size(); ++i) {

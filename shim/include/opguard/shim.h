@@ -194,6 +194,11 @@ typedef struct opguard_op {
   const uint64_t* kernels;     /* string ids of kernel names */
   uint64_t start_ns;           /* wall clock; 0: the shim stamps the call time (coarse, ~ms) */
   uint64_t duration_ns;
+  /* A backward op with a site of its own (a custom Function's backward, a
+   * recompute): the site of the forward call that created its autograd node,
+   * shown as context in reports; 0 none. Added after duration_ns: callers
+   * built against an older shim.h (smaller struct_size) send 0. */
+  uint64_t forward_site;
 } opguard_op;
 
 /* Copies the record (all pointed-to data) into the buffer and returns.

@@ -45,6 +45,9 @@ struct OpView {
   uint64_t step = 0;
   std::string op;              // resolved op name
   SiteInfo site;
+  // A backward op with its own site (a custom Function's backward, a
+  // recompute): where its forward was called. id 0: none.
+  SiteInfo forward_site;
   int64_t seq_nr = -1;
   bool backward = false;
   uint64_t start_ns = 0;

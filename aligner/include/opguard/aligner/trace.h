@@ -83,6 +83,7 @@ struct OpDetail {
   uint64_t site = 0;
   int64_t seq_nr = -1;
   bool backward = false;
+  uint64_t forward_site = 0;  // a backward op's forward call site, as context
   std::vector<InputValue> inputs;
   std::vector<TensorInfo> outputs;
   std::vector<uint64_t> kernels;
