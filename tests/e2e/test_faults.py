@@ -323,7 +323,7 @@ class Collectives(harness.DaemonTestCase):
         # before the op that reads the output.
         out = self.run_job("collective_wrapped_future.py", "wrapped-future")
         self.assert_completed("wrapped-future", {"world": [(0, 0, 0), (1, 0, 0)],
-                                                 "pg0,1": [(0, 0, 0), (1, 0, 0)]})
+                                                 "pg[0,1]": [(0, 0, 0), (1, 0, 0)]})
         for rank in (0, 1):
             final = self.fingerprint(os.path.join(out, f"final-{rank}.bin"))
             neg, = [op for op in self.lane0("wrapped-future", rank) if op["name"] == "aten::neg"]
@@ -336,7 +336,7 @@ class Collectives(harness.DaemonTestCase):
         # the process, where a late callback can abort it.
         out = self.run_job("group_lifetime.py", "lifetime")
         self.assert_completed("lifetime", {"world": [(0, 1, 1), (1, 1, 1)],
-                                           "pg0,1": [(0, 0, 0), (1, 0, 0)]})
+                                           "pg[0,1]": [(0, 0, 0), (1, 0, 0)]})
         for rank in (0, 1):
             with open(os.path.join(out, f"threads-{rank}.json")) as f:
                 counts = json.load(f)
@@ -441,8 +441,8 @@ class Collectives(harness.DaemonTestCase):
         # never completed (gloo's send/recv works have no future).
         last = len(calls[0]) - 3
         self.assert_completed("kinds", {"world": [(0, last, last - 1), (1, last, last - 1)],
-                                        "pg0,1": [(0, 0, 0), (1, 0, 0)],
-                                        "pg0": [(0, 0, 0)], "pg1": [(1, 0, 0)]})
+                                        "pg[0,1]": [(0, 0, 0), (1, 0, 0)],
+                                        "pg[0]": [(0, 0, 0)], "pg[1]": [(1, 0, 0)]})
 
     def fingerprint(self, path, dtype="float32", shape="4096"):
         result = subprocess.run([os.environ["OPGUARD_CLI"], "fingerprint", "--dtype", dtype,
