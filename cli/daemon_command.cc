@@ -1,6 +1,6 @@
 // `opguard status`, `opguard runs`, `opguard rm`: thin faces over the daemon
 // query client. Every call is bounded by --timeout; an unreachable daemon is
-// one line on stderr and exit code 1.
+// one line on stderr and exit code 2 (kExitError).
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -42,11 +42,6 @@ std::string FormatBytes(uint64_t b) {
 }
 
 std::string Str(const flatbuffers::String* s) { return s ? s->str() : std::string(); }
-
-int Fail(const char* command, const Status& st) {
-  std::fprintf(stderr, "opguard %s: %s\n", command, st.message().c_str());
-  return 1;
-}
 
 int StatusMain(const DaemonArgs& args) {
   daemon::DaemonClient client(args.endpoint, args.timeout());
