@@ -83,22 +83,27 @@ struct Span {
 
 std::vector<Span> Layout(const std::vector<aligner::OpDetail>& ops, bool wall, uint64_t origin_ns) {
   std::vector<Span> spans(ops.size());
+  if (!wall) {
+    for (size_t i = 0; i < ops.size(); ++i) spans[i] = {static_cast<double>(ops[i].op_index), 1.0};
+    return spans;
+  }
+  // Ops are numbered when they end (an enclosing op after the ops it called),
+  // so nesting is decided in start order, outer op first.
+  std::vector<size_t> order(ops.size());
+  for (size_t i = 0; i < ops.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    if (ops[a].start_ns != ops[b].start_ns) return ops[a].start_ns < ops[b].start_ns;
+    return ops[a].duration_ns > ops[b].duration_ns;
+  });
   std::vector<double> open;  // ends of the enclosing ops
-  double last_ts = 0;
-  for (size_t i = 0; i < ops.size(); ++i) {
+  for (size_t i : order) {
     const auto& op = ops[i];
-    if (!wall) {
-      spans[i] = {static_cast<double>(op.op_index), 1.0};
-      continue;
-    }
-    double ts = op.start_ns > origin_ns ? static_cast<double>(op.start_ns - origin_ns) / 1000 : 0;
-    ts = std::max(ts, last_ts);  // recorded in op order: time never goes back on a track
+    const double ts = op.start_ns > origin_ns ? static_cast<double>(op.start_ns - origin_ns) / 1000 : 0;
     double end = ts + static_cast<double>(op.duration_ns) / 1000;
     while (!open.empty() && open.back() <= ts) open.pop_back();
     if (!open.empty()) end = std::min(end, open.back());
     open.push_back(end);
     spans[i] = {ts, end - ts};
-    last_ts = ts;
   }
   return spans;
 }

@@ -4,10 +4,14 @@ source line — and the first diverging rank, not the ranks infected later."""
 import json
 import os
 import subprocess
+import sys
 import unittest
 import urllib.request
 
 import harness
+
+sys.path.insert(0, os.path.join(harness.HERE, "..", "integration", "cli"))
+import check_trace_events  # noqa: E402  (the trace-event format checker)
 
 TRAIN = harness.TRAIN
 RANKS = 4
@@ -68,6 +72,21 @@ class Faults(harness.DaemonTestCase):
         text = self.daemon.cli("diff", "ref", "bitflip", check=False)
         self.assertEqual(text.returncode, 1)
         self.assertIn("rank 1 · step 1 · c10d::all_reduce [enter]", text.stdout)
+        # The Perfetto export of the two runs: real PyTorch ops carry measured
+        # durations (wall time) and nest; the pivot instant sits on the same op.
+        path = os.path.join(self.tmp, "bitflip.json")
+        self.daemon.cli("export", "bitflip", "--vs", "ref", "--perfetto", path)
+        with open(path) as f:
+            trace = json.load(f)
+        problems, summary = check_trace_events.check(trace)
+        self.assertEqual(problems, [])
+        self.assertEqual(trace["otherData"]["time"], "wall")
+        self.assertGreater(summary["flows"], 0)
+        self.assertEqual(len(summary["instants"]), 2)
+        for instant in summary["instants"]:
+            self.assertEqual(instant["args"]["op"], "c10d::all_reduce [enter]")
+            self.assertEqual(instant["args"]["op_index"],
+                             first["op_index"]["reference" if instant["pid"] == 1 else "suspect"])
 
     def test_changed_computation_in_one_function(self):
         harness.train(self.site, self.daemon, "reorder", ranks=RANKS, steps=STEPS,
