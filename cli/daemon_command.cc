@@ -12,6 +12,7 @@
 
 #include "cli/command.h"
 #include "cli/daemon_args.h"
+#include "cli/terminal.h"
 #include "opguard/daemon/client.h"
 #include "opguard/daemon/status_json.h"
 
@@ -117,7 +118,11 @@ int RunsMain(const DaemonArgs& args) {
 
 int RmMain(const DaemonArgs& args) {
   daemon::DaemonClient client(args.endpoint, args.timeout());
-  Status st = client.DeleteRun(args.positional[0]);
+  Status st = [&] {
+    Progress progress("opguard rm");  // a delete waits for a durable write
+    progress.Set("deleting '" + args.positional[0] + "' on " + args.endpoint);
+    return client.DeleteRun(args.positional[0]);
+  }();
   if (!st.ok()) return Fail("rm", st);
   std::printf("removed run '%s'\n", args.positional[0].c_str());
   return 0;

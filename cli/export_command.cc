@@ -181,12 +181,17 @@ Result<std::vector<uint32_t>> RanksOf(const wire::ListRunsAnswer& list, const st
 
 int ExportMain(const Args& args) {
   Progress progress("opguard export");
+  // The progress line goes before anything else is printed on stderr.
+  auto fail = [&progress](const Status& st) {
+    progress.Stop();
+    return Fail("export", st);
+  };
   daemon::DaemonClient client(args.endpoint, args.timeout());
   progress.Set("listing runs on " + args.endpoint);
   auto runs = client.ListRuns();
-  if (!runs.ok()) return Fail("export", runs.status());
+  if (!runs.ok()) return fail(runs.status());
   const auto* list = runs->envelope()->message_as_ListRunsAnswer();
-  if (list == nullptr) return Fail("export", DataLoss("unexpected answer from " + args.endpoint));
+  if (list == nullptr) return fail(DataLoss("unexpected answer from " + args.endpoint));
 
   const bool vs = !args.vs.empty();
   std::vector<std::unique_ptr<Side>> sides;  // the reference first: drawn on top
@@ -195,11 +200,11 @@ int ExportMain(const Args& args) {
   std::set<uint32_t> ranks;
   for (auto& side : sides) {
     auto r = RanksOf(*list, side->reader.run(), args.rank, args.endpoint);
-    if (!r.ok()) return Fail("export", r.status());
+    if (!r.ok()) return fail(r.status());
     for (uint32_t rank : *r) {
       progress.Set("finding lanes of " + side->reader.run() + " rank " + std::to_string(rank));
       auto lanes = side->reader.Lanes(rank);
-      if (!lanes.ok()) return Fail("export", lanes.status());
+      if (!lanes.ok()) return fail(lanes.status());
       for (const auto& l : *lanes) side->origin_ns = std::min(side->origin_ns, l.start_ns);
       side->lanes[rank] = std::move(*lanes);
       ranks.insert(rank);
@@ -225,9 +230,9 @@ int ExportMain(const Args& args) {
                                                     b.CreateString(args.positional[0]), args.rank,
                                                     false, 0, 0));
     auto answer = client.Call(b);
-    if (!answer.ok()) return Fail("export", answer.status());
+    if (!answer.ok()) return fail(answer.status());
     const auto* a = answer->envelope()->message_as_DiffAnswer();
-    if (a == nullptr) return Fail("export", DataLoss("unexpected answer from " + args.endpoint));
+    if (a == nullptr) return fail(DataLoss("unexpected answer from " + args.endpoint));
     report = daemon::MergeDiffAnswer(*a);
   }
   const aligner::FirstDivergence* pivot =
@@ -235,7 +240,7 @@ int ExportMain(const Args& args) {
 
   std::FILE* out = args.out == "-" ? stdout : std::fopen(args.out.c_str(), "w");
   if (out == nullptr) {
-    return Fail("export", InvalidArgument("cannot write '" + args.out + "': " + std::strerror(errno)));
+    return fail(InvalidArgument("cannot write '" + args.out + "': " + std::strerror(errno)));
   }
   TraceEventWriter w(out);
   for (const auto& side : sides) {
@@ -270,7 +275,7 @@ int ExportMain(const Args& args) {
           progress.Set("reading " + side.reader.run() + " rank " + std::to_string(rank) + " lane " +
                        std::to_string(lane) + " · " + std::to_string(n) + " ops");
         });
-        if (!read.ok()) return Fail("export", read.status());
+        if (!read.ok()) return fail(read.status());
         ops[s] = std::move(*read);
         spans[s] = Layout(ops[s], wall, side.origin_ns);
       }
@@ -349,8 +354,9 @@ int ExportMain(const Args& args) {
   w.Finish(other);
   const bool failed = std::ferror(out) != 0;
   if (out != stdout ? std::fclose(out) != 0 || failed : std::fflush(out) != 0 || failed) {
-    return Fail("export", Internal("writing '" + args.out + "' failed"));
+    return fail(Internal("writing '" + args.out + "' failed"));
   }
+  progress.Stop();
   if (out != stdout) {
     std::fprintf(stderr, "opguard export: wrote %s (%llu ops%s; open it in ui.perfetto.dev)\n", args.out.c_str(),
                  static_cast<unsigned long long>(sides.back()->ops + (vs ? sides[0]->ops : 0)),

@@ -36,7 +36,9 @@ Progress::Progress(std::string what, std::chrono::milliseconds delay)
   if (::isatty(STDERR_FILENO) == 1) thread_ = std::thread([this] { Loop(); });
 }
 
-Progress::~Progress() {
+Progress::~Progress() { Stop(); }
+
+void Progress::Stop() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;

@@ -32,6 +32,8 @@ class Progress {
   Progress& operator=(const Progress&) = delete;
 
   void Set(std::string detail);
+  // Erases the line and stops for good (before printing to stderr). Idempotent.
+  void Stop();
 
  private:
   void Loop();
