@@ -98,7 +98,8 @@ std::vector<Span> Layout(const std::vector<aligner::OpDetail>& ops, bool wall, u
   std::vector<double> open;  // ends of the enclosing ops
   for (size_t i : order) {
     const auto& op = ops[i];
-    const double ts = op.start_ns > origin_ns ? static_cast<double>(op.start_ns - origin_ns) / 1000 : 0;
+    const double ts =
+        op.start_ns > origin_ns ? static_cast<double>(op.start_ns - origin_ns) / 1000 : 0;
     double end = ts + static_cast<double>(op.duration_ns) / 1000;
     while (!open.empty() && open.back() <= ts) open.pop_back();
     if (!open.empty()) end = std::min(end, open.back());
@@ -124,9 +125,12 @@ json OpArgs(const aligner::OpDetail& op, const RunReader& reader) {
   for (const auto& t : op.outputs) outputs.push_back(TensorArgs(t));
   for (const auto& in : op.inputs) {
     switch (in.kind) {
-      case aligner::ValueKind::kTensor: inputs.push_back(TensorArgs(in.tensor)); break;
+      case aligner::ValueKind::kTensor:
+        inputs.push_back(TensorArgs(in.tensor));
+        break;
       case aligner::ValueKind::kScalar:
-        inputs.push_back({{"scalar_bits", in.scalar_bits}, {"dtype", aligner::DTypeName(in.scalar_dtype)}});
+        inputs.push_back(
+            {{"scalar_bits", in.scalar_bits}, {"dtype", aligner::DTypeName(in.scalar_dtype)}});
         break;
       case aligner::ValueKind::kTensorList: {
         json list = json::array();
@@ -134,11 +138,12 @@ json OpArgs(const aligner::OpDetail& op, const RunReader& reader) {
         inputs.push_back({{"tensors", list}});
         break;
       }
-      default: inputs.push_back(nullptr);
+      default:
+        inputs.push_back(nullptr);
     }
   }
   for (uint64_t k : op.kernels) kernels.push_back(reader.String(k));
-  json args = {{"op_index", op.op_index}, {"step", op.step},   {"backward", op.backward},
+  json args = {{"op_index", op.op_index}, {"step", op.step},  {"backward", op.backward},
                {"outputs", outputs},      {"inputs", inputs}, {"kernels", kernels}};
   if (const auto* site = reader.SiteOf(op.site)) {
     args["site"] = site->file + ":" + std::to_string(site->line);
@@ -196,7 +201,8 @@ int ExportMain(const Args& args) {
   const bool vs = !args.vs.empty();
   std::vector<std::unique_ptr<Side>> sides;  // the reference first: drawn on top
   if (vs) sides.push_back(std::make_unique<Side>(&client, args.vs, 1, "reference"));
-  sides.push_back(std::make_unique<Side>(&client, args.positional[0], vs ? 2 : 1, vs ? "suspect" : ""));
+  sides.push_back(
+      std::make_unique<Side>(&client, args.positional[0], vs ? 2 : 1, vs ? "suspect" : ""));
   std::set<uint32_t> ranks;
   for (auto& side : sides) {
     auto r = RanksOf(*list, side->reader.run(), args.rank, args.endpoint);
@@ -226,9 +232,9 @@ int ExportMain(const Args& args) {
   if (vs) {
     progress.Set("diff " + args.vs + " " + args.positional[0] + " on " + args.endpoint);
     flatbuffers::FlatBufferBuilder b;
-    wire::FinishEnvelope(b, wire::CreateDiffRequest(b, b.CreateString(args.vs),
-                                                    b.CreateString(args.positional[0]), args.rank,
-                                                    false, 0, 0));
+    wire::FinishEnvelope(
+        b, wire::CreateDiffRequest(b, b.CreateString(args.vs), b.CreateString(args.positional[0]),
+                                   args.rank, false, 0, 0));
     auto answer = client.Call(b);
     if (!answer.ok()) return fail(answer.status());
     const auto* a = answer->envelope()->message_as_DiffAnswer();
@@ -244,15 +250,28 @@ int ExportMain(const Args& args) {
   }
   TraceEventWriter w(out);
   for (const auto& side : sides) {
-    const std::string label = side->role.empty() ? side->reader.run() : side->reader.run() + " · " + side->role;
-    w.Event({{"ph", "M"}, {"name", "process_name"}, {"pid", side->pid}, {"args", {{"name", label}}}});
-    w.Event({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", side->pid}, {"args", {{"sort_index", side->pid}}}});
+    const std::string label =
+        side->role.empty() ? side->reader.run() : side->reader.run() + " · " + side->role;
+    w.Event(
+        {{"ph", "M"}, {"name", "process_name"}, {"pid", side->pid}, {"args", {{"name", label}}}});
+    w.Event({{"ph", "M"},
+             {"name", "process_sort_index"},
+             {"pid", side->pid},
+             {"args", {{"sort_index", side->pid}}}});
     for (const auto& [rank, lanes] : side->lanes) {
       for (const auto& l : lanes) {
         const int64_t tid = Tid(rank, l.lane);
-        w.Event({{"ph", "M"}, {"name", "thread_name"}, {"pid", side->pid}, {"tid", tid},
-                 {"args", {{"name", "rank " + std::to_string(rank) + " · lane " + std::to_string(l.lane)}}}});
-        w.Event({{"ph", "M"}, {"name", "thread_sort_index"}, {"pid", side->pid}, {"tid", tid},
+        w.Event(
+            {{"ph", "M"},
+             {"name", "thread_name"},
+             {"pid", side->pid},
+             {"tid", tid},
+             {"args",
+              {{"name", "rank " + std::to_string(rank) + " · lane " + std::to_string(l.lane)}}}});
+        w.Event({{"ph", "M"},
+                 {"name", "thread_sort_index"},
+                 {"pid", side->pid},
+                 {"tid", tid},
                  {"args", {{"sort_index", tid}}}});
       }
     }
@@ -270,7 +289,8 @@ int ExportMain(const Args& args) {
       for (size_t s = 0; s < sides.size(); ++s) {
         Side& side = *sides[s];
         const auto& have = side.lanes[rank];
-        if (std::none_of(have.begin(), have.end(), [&](const auto& l) { return l.lane == lane; })) continue;
+        if (std::none_of(have.begin(), have.end(), [&](const auto& l) { return l.lane == lane; }))
+          continue;
         auto read = side.reader.ReadLane(rank, lane, [&](size_t n) {
           progress.Set("reading " + side.reader.run() + " rank " + std::to_string(rank) + " lane " +
                        std::to_string(lane) + " · " + std::to_string(n) + " ops");
@@ -285,7 +305,8 @@ int ExportMain(const Args& args) {
       if (vs) {
         std::vector<aligner::OpEvent> events[2];
         for (size_t s = 0; s < 2; ++s) {
-          for (const auto& d : ops[s]) events[s].push_back(aligner::MakeOpEvent(d, sides[s]->reader.Boundary(d.site)));
+          for (const auto& d : ops[s])
+            events[s].push_back(aligner::MakeOpEvent(d, sides[s]->reader.Boundary(d.site)));
           partner[s].assign(ops[s].size(), -1);
         }
         pairs = aligner::AlignLane(events[0], events[1]).pairs;
@@ -307,34 +328,61 @@ int ExportMain(const Args& args) {
               a["unaligned"] = true;
             }
           }
-          w.Event({{"ph", "X"}, {"name", side.reader.String(op.name)}, {"cat", op.backward ? "op,backward" : "op"},
-                   {"pid", side.pid}, {"tid", tid}, {"ts", spans[s][i].ts}, {"dur", spans[s][i].dur},
+          w.Event({{"ph", "X"},
+                   {"name", side.reader.String(op.name)},
+                   {"cat", op.backward ? "op,backward" : "op"},
+                   {"pid", side.pid},
+                   {"tid", tid},
+                   {"ts", spans[s][i].ts},
+                   {"dur", spans[s][i].dur},
                    {"args", std::move(a)}});
         }
         sides[s]->ops += ops[s].size();
       }
       for (const auto& p : pairs) {
-        const bool same =
-            aligner::OutputDigest(ops[0][p.ref].outputs) == aligner::OutputDigest(ops[1][p.sus].outputs);
+        const bool same = aligner::OutputDigest(ops[0][p.ref].outputs) ==
+                          aligner::OutputDigest(ops[1][p.sus].outputs);
         const char* name = same ? "aligned" : "aligned, outputs differ";
         ++flow_id;
-        w.Event({{"ph", "s"}, {"id", flow_id}, {"name", name}, {"cat", "alignment"}, {"pid", sides[0]->pid},
-                 {"tid", tid}, {"ts", spans[0][p.ref].Anchor()}});
-        w.Event({{"ph", "f"}, {"bp", "e"}, {"id", flow_id}, {"name", name}, {"cat", "alignment"},
-                 {"pid", sides[1]->pid}, {"tid", tid}, {"ts", spans[1][p.sus].Anchor()}});
+        w.Event({{"ph", "s"},
+                 {"id", flow_id},
+                 {"name", name},
+                 {"cat", "alignment"},
+                 {"pid", sides[0]->pid},
+                 {"tid", tid},
+                 {"ts", spans[0][p.ref].Anchor()}});
+        w.Event({{"ph", "f"},
+                 {"bp", "e"},
+                 {"id", flow_id},
+                 {"name", name},
+                 {"cat", "alignment"},
+                 {"pid", sides[1]->pid},
+                 {"tid", tid},
+                 {"ts", spans[1][p.sus].Anchor()}});
         ++flows;
       }
       if (pivot != nullptr && pivot->rank == rank && pivot->lane == lane) {
         const uint64_t at[2] = {pivot->reference.op_index, pivot->suspect.op_index};
         for (size_t s = 0; s < 2; ++s) {
-          auto it = std::lower_bound(ops[s].begin(), ops[s].end(), at[s],
-                                     [](const aligner::OpDetail& d, uint64_t i) { return d.op_index < i; });
+          auto it = std::lower_bound(
+              ops[s].begin(), ops[s].end(), at[s],
+              [](const aligner::OpDetail& d, uint64_t i) { return d.op_index < i; });
           if (it == ops[s].end() || it->op_index != at[s]) continue;
           const Span& span = spans[s][static_cast<size_t>(it - ops[s].begin())];
-          w.Event({{"ph", "i"}, {"s", "p"}, {"name", "first divergence · " + pivot->op}, {"cat", "pivot"},
-                   {"pid", sides[s]->pid}, {"tid", tid}, {"ts", span.ts},
-                   {"args", {{"rank", rank}, {"lane", lane}, {"step", pivot->step}, {"op", pivot->op},
-                             {"op_index", at[s]}, {"inputs_equal", pivot->inputs_equal}}}});
+          w.Event({{"ph", "i"},
+                   {"s", "p"},
+                   {"name", "first divergence · " + pivot->op},
+                   {"cat", "pivot"},
+                   {"pid", sides[s]->pid},
+                   {"tid", tid},
+                   {"ts", span.ts},
+                   {"args",
+                    {{"rank", rank},
+                     {"lane", lane},
+                     {"step", pivot->step},
+                     {"op", pivot->op},
+                     {"op_index", at[s]},
+                     {"inputs_equal", pivot->inputs_equal}}}});
         }
       }
     }
@@ -344,7 +392,9 @@ int ExportMain(const Args& args) {
                 {"time", wall ? "wall" : "op_index"},
                 {"runs", json::array()}};
   for (const auto& side : sides) {
-    other["runs"].push_back({{"run", side->reader.run()}, {"role", side->role}, {"pid", side->pid},
+    other["runs"].push_back({{"run", side->reader.run()},
+                             {"role", side->role},
+                             {"pid", side->pid},
                              {"ops", side->ops}});
   }
   if (report) {
@@ -358,7 +408,8 @@ int ExportMain(const Args& args) {
   }
   progress.Stop();
   if (out != stdout) {
-    std::fprintf(stderr, "opguard export: wrote %s (%llu ops%s; open it in ui.perfetto.dev)\n", args.out.c_str(),
+    std::fprintf(stderr, "opguard export: wrote %s (%llu ops%s; open it in ui.perfetto.dev)\n",
+                 args.out.c_str(),
                  static_cast<unsigned long long>(sides.back()->ops + (vs ? sides[0]->ops : 0)),
                  vs ? (", " + std::to_string(flows) + " aligned pairs").c_str() : "");
   }
@@ -393,6 +444,7 @@ std::function<int()> Add(CLI::App& cmd, const DaemonArgs& top) {
 }  // namespace
 
 OPGUARD_CLI_COMMAND(export_trace, "export",
-                    "write a run (and a reference run) as Perfetto / Chrome trace-event JSON", &Add);
+                    "write a run (and a reference run) as Perfetto / Chrome trace-event JSON",
+                    &Add);
 
 }  // namespace opguard::cli

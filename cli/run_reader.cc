@@ -5,13 +5,15 @@
 
 namespace opguard::cli {
 
-Result<daemon::Answer> RunReader::Page(uint32_t rank, uint32_t lane, uint64_t from_op, uint32_t max_ops) {
+Result<daemon::Answer> RunReader::Page(uint32_t rank, uint32_t lane, uint64_t from_op,
+                                       uint32_t max_ops) {
   auto answer = client_->ReadTrace(run_, rank, lane, from_op, max_ops);
   if (!answer.ok()) return answer.status();
   const auto* page = answer->envelope()->message_as_ReadTraceAnswer();
   if (page == nullptr) return DataLoss("unexpected answer from " + client_->endpoint());
   if (page->strings()) {
-    for (const auto* s : *page->strings()) strings_.try_emplace(s->id(), s->text() ? s->text()->str() : "");
+    for (const auto* s : *page->strings())
+      strings_.try_emplace(s->id(), s->text() ? s->text()->str() : "");
   }
   if (page->sites()) {
     for (const auto* s : *page->sites()) {
@@ -39,8 +41,8 @@ Result<std::vector<RunReader::LaneStart>> RunReader::Lanes(uint32_t rank) {
   return lanes;
 }
 
-Result<std::vector<aligner::OpDetail>> RunReader::ReadLane(uint32_t rank, uint32_t lane,
-                                                           const std::function<void(size_t)>& progress) {
+Result<std::vector<aligner::OpDetail>> RunReader::ReadLane(
+    uint32_t rank, uint32_t lane, const std::function<void(size_t)>& progress) {
   std::vector<aligner::OpDetail> ops;
   uint64_t from = 0;
   while (true) {

@@ -28,7 +28,8 @@ class RunReader {
     std::string function;
   };
 
-  RunReader(daemon::DaemonClient* client, std::string run) : client_(client), run_(std::move(run)) {}
+  RunReader(daemon::DaemonClient* client, std::string run)
+      : client_(client), run_(std::move(run)) {}
 
   const std::string& run() const { return run_; }
   // The lanes of `rank` that hold ops, ascending, each with its first op's

@@ -23,10 +23,18 @@ std::string Paint(std::string_view text, Colour colour) {
   if (!StdoutHasColour()) return std::string(text);
   const char* code = "1";
   switch (colour) {
-    case Colour::kRed: code = "1;31"; break;
-    case Colour::kGreen: code = "1;32"; break;
-    case Colour::kYellow: code = "1;33"; break;
-    case Colour::kBold: code = "1"; break;
+    case Colour::kRed:
+      code = "1;31";
+      break;
+    case Colour::kGreen:
+      code = "1;32";
+      break;
+    case Colour::kYellow:
+      code = "1;33";
+      break;
+    case Colour::kBold:
+      code = "1";
+      break;
   }
   return std::string("\033[") + code + "m" + std::string(text) + "\033[0m";
 }
@@ -56,8 +64,8 @@ void Progress::Loop() {
   std::unique_lock<std::mutex> lock(mu_);
   if (cv_.wait_for(lock, delay_, [this] { return stop_; })) return;
   while (!stop_) {
-    const auto s = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() -
-                                                                    start_);
+    const auto s =
+        std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - start_);
     // \r and erase-to-end: one line, redrawn in place.
     std::fprintf(stderr, "\r\033[K%s%s%s · %lld s", what_.c_str(), detail_.empty() ? "" : ": ",
                  detail_.c_str(), static_cast<long long>(s.count()));
