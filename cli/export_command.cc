@@ -178,6 +178,10 @@ Result<std::vector<uint32_t>> RanksOf(const wire::ListRunsAnswer& list, const st
           if (only < 0 || s->rank() == only) ranks.push_back(s->rank());
         }
       }
+      if (only >= 0 && ranks.empty()) {
+        return NotFound("run '" + run + "' has no rank " + std::to_string(only) +
+                        " (`opguard runs` lists its ranks)");
+      }
       return ranks;
     }
   }

@@ -147,6 +147,9 @@ class CliTest(unittest.TestCase):
         self.assertEqual(result.returncode, 2)
         self.assertIn("cannot write", result.stderr)
         self.assertEqual(self.q("export", "ref").returncode, 2)  # --perfetto is required
+        result = self.q("export", "ref", "--rank", "7", "--perfetto", os.path.join(self.tmp, "x.json"))
+        self.assertEqual(result.returncode, 2)
+        self.assertIn("has no rank 7", result.stderr)
 
     def load_in_trace_processor(self, path, slices, flows):
         """Perfetto's own importer, where installed (the perfetto Python
