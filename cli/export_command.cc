@@ -348,21 +348,18 @@ int ExportMain(const Args& args) {
                           aligner::OutputDigest(ops[1][p.sus].outputs);
         const char* name = same ? "aligned" : "aligned, outputs differ";
         ++flow_id;
-        w.Event({{"ph", "s"},
-                 {"id", flow_id},
-                 {"name", name},
-                 {"cat", "alignment"},
-                 {"pid", sides[0]->pid},
-                 {"tid", tid},
-                 {"ts", spans[0][p.ref].Anchor()}});
-        w.Event({{"ph", "f"},
-                 {"bp", "e"},
-                 {"id", flow_id},
-                 {"name", name},
-                 {"cat", "alignment"},
-                 {"pid", sides[1]->pid},
-                 {"tid", tid},
-                 {"ts", spans[1][p.sus].Anchor()}});
+        // From the reference op to the suspect op; "f" binds to the op it lands in.
+        for (size_t s = 0; s < 2; ++s) {
+          json e = {{"ph", s == 0 ? "s" : "f"},
+                    {"id", flow_id},
+                    {"name", name},
+                    {"cat", "alignment"},
+                    {"pid", sides[s]->pid},
+                    {"tid", tid},
+                    {"ts", spans[s][s == 0 ? p.ref : p.sus].Anchor()}};
+          if (s == 1) e["bp"] = "e";
+          w.Event(e);
+        }
         ++flows;
       }
       if (pivot != nullptr && pivot->rank == rank && pivot->lane == lane) {

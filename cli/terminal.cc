@@ -21,21 +21,9 @@ bool StdoutHasColour() {
 
 std::string Paint(std::string_view text, Colour colour) {
   if (!StdoutHasColour()) return std::string(text);
-  const char* code = "1";
-  switch (colour) {
-    case Colour::kRed:
-      code = "1;31";
-      break;
-    case Colour::kGreen:
-      code = "1;32";
-      break;
-    case Colour::kYellow:
-      code = "1;33";
-      break;
-    case Colour::kBold:
-      code = "1";
-      break;
-  }
+  // SGR codes, in the order of Colour.
+  static constexpr const char* kCodes[] = {"1;31", "1;32", "1;33", "1"};
+  const char* code = kCodes[static_cast<int>(colour)];
   return std::string("\033[") + code + "m" + std::string(text) + "\033[0m";
 }
 
