@@ -16,6 +16,13 @@ class App;
 
 namespace opguard::cli {
 
+// Exit codes of every command (README.md, "Exit codes"). Only the queries
+// that compare (diff, ranks, collectives) return kDiverged and kIncomplete.
+inline constexpr int kExitOk = 0;          // identical / consistent / done
+inline constexpr int kExitDiverged = 1;    // a divergence, desync or mismatch found
+inline constexpr int kExitError = 2;       // usage, an unreachable daemon, an error answer
+inline constexpr int kExitIncomplete = 3;  // records missing near the answer, or a peer silent
+
 struct Command {
   std::string_view name;
   std::string_view summary;  // one line for `opguard --help`

@@ -45,6 +45,18 @@ std::function<int()> AddDaemonCommand(CLI::App& cmd, const DaemonArgs& top,
   return [args, main] { return main(*args); };
 }
 
+int Fail(std::string_view command, const Status& st) {
+  const char* hint = "";
+  if (st.code() == StatusCode::kUnavailable) {
+    hint =
+        " · start one with `opguardd --local DIR`, or point at a running one with --daemon ENDPOINT"
+        " or $OPGUARD_DAEMON";
+  }
+  std::fprintf(stderr, "opguard %.*s: %s%s\n", static_cast<int>(command.size()), command.data(),
+               st.message().c_str(), hint);
+  return 2;  // kExitError
+}
+
 void PrintJson(const nlohmann::json& j) {
   std::printf("%s\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
 }

@@ -8,7 +8,10 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include "opguard/common/status.h"
 
 namespace CLI {
 class App;
@@ -40,6 +43,10 @@ void AddDaemonOptions(CLI::App& cmd, DaemonArgs& args, const DaemonArgs& top, bo
 std::function<int()> AddDaemonCommand(CLI::App& cmd, const DaemonArgs& top,
                                       int (*main)(const DaemonArgs&), double timeout_s, bool json,
                                       const char* run_help = nullptr);
+
+// Prints "opguard COMMAND: what went wrong" on one line, with what to do
+// about it when the daemon did not answer, and returns kExitError.
+int Fail(std::string_view command, const Status& st);
 
 // Prints the --json form of an answer (indented, one trailing newline).
 // Bytes that are not UTF-8 (a run stored before the daemon refused them)

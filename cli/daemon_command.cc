@@ -1,6 +1,6 @@
 // `opguard status`, `opguard runs`, `opguard rm`: thin faces over the daemon
 // query client. Every call is bounded by --timeout; an unreachable daemon is
-// one line on stderr and exit code 1.
+// one line on stderr and exit code 2 (kExitError).
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -12,6 +12,7 @@
 
 #include "cli/command.h"
 #include "cli/daemon_args.h"
+#include "cli/terminal.h"
 #include "opguard/daemon/client.h"
 #include "opguard/daemon/status_json.h"
 
@@ -42,11 +43,6 @@ std::string FormatBytes(uint64_t b) {
 }
 
 std::string Str(const flatbuffers::String* s) { return s ? s->str() : std::string(); }
-
-int Fail(const char* command, const Status& st) {
-  std::fprintf(stderr, "opguard %s: %s\n", command, st.message().c_str());
-  return 1;
-}
 
 int StatusMain(const DaemonArgs& args) {
   daemon::DaemonClient client(args.endpoint, args.timeout());
@@ -122,7 +118,11 @@ int RunsMain(const DaemonArgs& args) {
 
 int RmMain(const DaemonArgs& args) {
   daemon::DaemonClient client(args.endpoint, args.timeout());
-  Status st = client.DeleteRun(args.positional[0]);
+  Status st = [&] {
+    Progress progress("opguard rm");  // a delete waits for a durable write
+    progress.Set("deleting '" + args.positional[0] + "' on " + args.endpoint);
+    return client.DeleteRun(args.positional[0]);
+  }();
   if (!st.ok()) return Fail("rm", st);
   std::printf("removed run '%s'\n", args.positional[0].c_str());
   return 0;

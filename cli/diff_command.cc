@@ -4,9 +4,9 @@
 // "Cluster queries"); this file only asks and renders, with the same
 // conversions the daemon used (opguard/daemon/report_wire.h).
 //
-// Exit codes (docs/report-format.md): 0 identical / consistent; 1 diverged,
-// incomplete or partial (and an unreachable daemon or a daemon-side error);
-// 2 usage errors.
+// Exit codes (command.h, README.md): 0 identical / consistent; 1 diverged;
+// 2 an error (usage, an unreachable daemon, an error answer); 3 incomplete or
+// partial.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
@@ -18,6 +18,7 @@
 
 #include "cli/command.h"
 #include "cli/daemon_args.h"
+#include "cli/terminal.h"
 #include "opguard/aligner/render.h"
 #include "opguard/daemon/client.h"
 #include "opguard/daemon/report_wire.h"
@@ -37,20 +38,38 @@ uint32_t PeerTimeoutMs(const Args& a) {
   return static_cast<uint32_t>(std::max(100.0, std::min(ms, 3600000.0)));
 }
 
-int Fail(const char* command, const Status& st) {
-  std::fprintf(stderr, "opguard %s: %s\n", command, st.message().c_str());
-  return 1;
+int ExitCode(aligner::DiffStatus s) {
+  switch (s) {
+    case aligner::DiffStatus::kIdentical: return kExitOk;
+    case aligner::DiffStatus::kDiverged: return kExitDiverged;
+    default: return kExitIncomplete;
+  }
 }
 
-int ExitCode(aligner::DiffStatus s) { return s == aligner::DiffStatus::kIdentical ? 0 : 1; }
+std::string PaintStatus(const char* status) {
+  const std::string_view s(status);
+  const Colour c = s == "identical" || s == "consistent" ? Colour::kGreen
+                   : s == "diverged"                     ? Colour::kRed
+                                                         : Colour::kYellow;
+  return Paint(s, c);
+}
+
+// Sends `request` with a progress line ("opguard diff: aligning on ENDPOINT")
+// for a person who waits at a terminal.
+Result<daemon::Answer> Ask(const char* command, const Args& args,
+                           const flatbuffers::FlatBufferBuilder& request) {
+  Progress progress(std::string("opguard ") + command);
+  progress.Set("aligning on " + args.endpoint);
+  daemon::DaemonClient client(args.endpoint, args.timeout());
+  return client.Call(request);
+}
 
 int DiffMain(const Args& args) {
-  daemon::DaemonClient client(args.endpoint, args.timeout());
   flatbuffers::FlatBufferBuilder b;
   wire::FinishEnvelope(b, wire::CreateDiffRequest(b, b.CreateString(args.positional[0]),
                                                   b.CreateString(args.positional[1]), args.rank,
                                                   false, PeerTimeoutMs(args), 0));
-  auto answer = client.Call(b);
+  auto answer = Ask("diff", args, b);
   if (!answer.ok()) return Fail("diff", answer.status());
   const auto* a = answer->envelope()->message_as_DiffAnswer();
   if (a == nullptr) return Fail("diff", DataLoss("unexpected answer from " + args.endpoint));
@@ -63,19 +82,18 @@ int DiffMain(const Args& args) {
     PrintJson(j);
   } else {
     std::printf("opguard diff %s %s · %s\n", args.positional[0].c_str(), args.positional[1].c_str(),
-                aligner::DiffStatusName(report.status));
+                PaintStatus(aligner::DiffStatusName(report.status)).c_str());
     std::fputs(aligner::ToText(report).c_str(), stdout);
   }
   return ExitCode(report.status);
 }
 
 int RanksMain(const Args& args) {
-  daemon::DaemonClient client(args.endpoint, args.timeout());
   flatbuffers::FlatBufferBuilder b;
   wire::FinishEnvelope(
       b, wire::CreateRanksRequest(b, b.CreateString(args.positional[0]), false, PeerTimeoutMs(args),
                                   b.CreateVector(args.replicas)));
-  auto answer = client.Call(b);
+  auto answer = Ask("ranks", args, b);
   if (!answer.ok()) return Fail("ranks", answer.status());
   const auto* a = answer->envelope()->message_as_RanksAnswer();
   if (a == nullptr) return Fail("ranks", DataLoss("unexpected answer from " + args.endpoint));
@@ -85,18 +103,19 @@ int RanksMain(const Args& args) {
     PrintJson(j);
   } else {
     std::printf("opguard ranks %s · %s\n", args.positional[0].c_str(),
-                j["status"].get<std::string>().c_str());
+                PaintStatus(j["status"].get<std::string>().c_str()).c_str());
     std::fputs(daemon::RanksText(*a).c_str(), stdout);
   }
-  return j["status"] == "identical" ? 0 : 1;
+  return j["status"] == "identical"  ? kExitOk
+         : j["status"] == "diverged" ? kExitDiverged
+                                     : kExitIncomplete;
 }
 
 int CollectivesMain(const Args& args) {
-  daemon::DaemonClient client(args.endpoint, args.timeout());
   flatbuffers::FlatBufferBuilder b;
   wire::FinishEnvelope(b, wire::CreateCollectivesRequest(b, b.CreateString(args.positional[0]),
                                                          false, PeerTimeoutMs(args)));
-  auto answer = client.Call(b);
+  auto answer = Ask("collectives", args, b);
   if (!answer.ok()) return Fail("collectives", answer.status());
   const auto* a = answer->envelope()->message_as_CollectivesAnswer();
   if (a == nullptr) return Fail("collectives", DataLoss("unexpected answer from " + args.endpoint));
@@ -108,9 +127,10 @@ int CollectivesMain(const Args& args) {
     PrintJson(j);
   } else {
     std::printf("opguard collectives %s · %s%s\n", args.positional[0].c_str(),
-                report.status == aligner::DiffStatus::kIdentical
-                    ? "consistent"
-                    : aligner::DiffStatusName(report.status),
+                PaintStatus(report.status == aligner::DiffStatus::kIdentical
+                                ? "consistent"
+                                : aligner::DiffStatusName(report.status))
+                    .c_str(),
                 report.waiting ? " · waiting" : "");
     std::fputs(aligner::ToText(report).c_str(), stdout);
   }
@@ -118,8 +138,9 @@ int CollectivesMain(const Args& args) {
 }
 
 constexpr char kExitCodes[] =
-    "Exit codes (docs/report-format.md): 0 identical (consistent); 1 diverged, incomplete or\n"
-    "partial, the daemon unreachable or an error answer (e.g. an unknown run); 2 usage error.";
+    "Exit codes: 0 identical (consistent); 1 diverged; 2 error (usage, the daemon unreachable,\n"
+    "an error answer such as an unknown run); 3 incomplete (records missing near the answer)\n"
+    "or partial (a peer daemon did not answer).";
 
 // The daemon options, the runs (RUN, or REFERENCE and SUSPECT) and the exit codes.
 std::shared_ptr<Args> AddCommon(CLI::App& cmd, const DaemonArgs& top, double timeout_s,

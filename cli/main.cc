@@ -34,7 +34,7 @@ int main(int argc, char** argv) {
       "OpGuard finds the first operation where two training runs (or two ranks\n"
       "of one run) stop agreeing bit for bit.\n",
       "opguard");
-  app.footer("Exit codes: 0 success; 1 a failure (e.g. the daemon unreachable); 2 a usage error.");
+  app.footer("Exit codes: 0 success; 2 an error (usage, the daemon unreachable, an error answer).");
   app.get_formatter()->column_width(34);
   DaemonArgs top;  // --daemon and --json given before the command name
   top.endpoint = opguard::daemon::kDefaultQueryEndpoint;
@@ -49,7 +49,8 @@ int main(int argc, char** argv) {
   // Commands copied the footer above (or set their own); the top level's:
   app.footer(
       "`opguard COMMAND --help` describes one command. Exit codes: 0 success (identical),\n"
-      "1 a failure or a difference (see each command), 2 a usage error.");
+      "1 diverged, 2 an error (usage, the daemon unreachable, an error answer), 3 incomplete\n"
+      "or partial (diff, ranks and collectives say which).");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {

@@ -16,6 +16,7 @@ PACKAGES=(
   libspdlog-dev                             # opguardd's and the CLI's log lines (stderr, journald)
   libsystemd-dev                            # sd_notify, journald log lines
   libxxhash-dev                             # string ids; XXH3 benchmark baseline
+  xxhash                                    # xxhsum: `opguard fingerprint` benchmark baseline
   nlohmann-json3-dev                        # JSON reports and HTTP answers
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-dev python3-torch libtorch-dev   # PyTorch adapter and end-to-end tests

@@ -78,7 +78,7 @@ CollectivesReport CheckCollectives(const std::vector<RankCollectives>& ranks,
 
   auto comm_name = [&](uint64_t id) -> std::string {
     auto it = defs.find(id);
-    return it != defs.end() ? it->second->name : std::string();
+    return it != defs.end() ? CommunicatorLabel(*it->second) : std::string();
   };
 
   for (const auto& [key, members] : table) {

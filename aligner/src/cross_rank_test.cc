@@ -38,6 +38,16 @@ TEST(CheckCollectives, ConsistentRun) {
   EXPECT_FALSE(rep.waiting);
 }
 
+TEST(CommunicatorLabel, NamesGroupsByTheirMembers) {
+  EXPECT_EQ(CommunicatorLabel({1, "world", {0, 1, 2, 3}}), "world");
+  EXPECT_EQ(CommunicatorLabel({2, "pg0,1", {0, 1}}), "pg[0,1]");
+  EXPECT_EQ(CommunicatorLabel({3, "pg12", {12}}), "pg[12]");
+  EXPECT_EQ(CommunicatorLabel({4, "", {2, 3}}), "pg[2,3]");
+  EXPECT_EQ(CommunicatorLabel({5, "dp", {0, 1, 2}}), "dp");
+  EXPECT_EQ(CommunicatorLabel({6, "pgx", {0}}), "pgx");
+  EXPECT_EQ(CommunicatorLabel({7, "", {}}), "");
+}
+
 TEST(CheckCollectives, DesyncReportsEachRanksSite) {
   StringTable strings;
   strings.AddString(1, "train.py");

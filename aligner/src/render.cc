@@ -300,8 +300,11 @@ json ToJson(const DiffReport& r) {
   json ranks = json::array(), explained = json::array();
   for (const RankDiff& d : r.ranks) ranks.push_back(ToJson(d));
   for (const Explanation& e : r.explained) {
-    explained.push_back(json{{"rank", e.rank}, {"from_rank", e.from_rank},
-                             {"communicator", Hex64(e.communicator)}, {"seq", e.seq}});
+    explained.push_back(json{{"rank", e.rank},
+                             {"from_rank", e.from_rank},
+                             {"communicator", Hex64(e.communicator)},
+                             {"communicator_name", e.communicator_name},
+                             {"seq", e.seq}});
   }
   return json{{"format", kReportFormat},
               {"kind", "diff"},
@@ -406,8 +409,8 @@ std::string ToText(const DiffReport& r) {
     o << "diverging rank(s): " << Ranks(r.diverging_ranks) << "\n";
   }
   for (const Explanation& e : r.explained) {
-    o << "  rank " << e.rank << " ← rank " << e.from_rank << " via communicator #" << Hex64(e.communicator)
-      << " seq " << e.seq << "\n";
+    o << "  rank " << e.rank << " ← rank " << e.from_rank << " via communicator "
+      << CommText(e.communicator_name, e.communicator) << " seq " << e.seq << "\n";
   }
   if (r.skipped_nondeterministic > 0) {
     o << "skipped " << r.skipped_nondeterministic << " nondeterministic op(s) as evidence\n";

@@ -7,6 +7,16 @@
 
 namespace opguard::aligner {
 
+std::string CommunicatorLabel(const Communicator& c) {
+  // The adapter names a subgroup "pg" + its members joined by commas.
+  const bool generated = c.name.empty() || (c.name.size() > 2 && c.name.compare(0, 2, "pg") == 0 &&
+                                            c.name.find_first_not_of("0123456789,", 2) == std::string::npos);
+  if (!generated || c.ranks.empty()) return c.name;
+  std::string label = "pg[";
+  for (size_t i = 0; i < c.ranks.size(); ++i) label += (i ? "," : "") + std::to_string(c.ranks[i]);
+  return label + "]";
+}
+
 const char* DTypeName(DType d) {
   static const char* const kNames[] = {"unknown", "float64", "float32", "float16", "bfloat16",
                                        "float8_e4m3", "float8_e5m2", "int64", "int32", "int16",

@@ -4,10 +4,14 @@ source line — and the first diverging rank, not the ranks infected later."""
 import json
 import os
 import subprocess
+import sys
 import unittest
 import urllib.request
 
 import harness
+
+sys.path.insert(0, os.path.join(harness.HERE, "..", "integration", "cli"))
+import check_trace_events  # noqa: E402  (the trace-event format checker)
 
 TRAIN = harness.TRAIN
 RANKS = 4
@@ -68,6 +72,21 @@ class Faults(harness.DaemonTestCase):
         text = self.daemon.cli("diff", "ref", "bitflip", check=False)
         self.assertEqual(text.returncode, 1)
         self.assertIn("rank 1 · step 1 · c10d::all_reduce [enter]", text.stdout)
+        # The Perfetto export of the two runs: real PyTorch ops carry measured
+        # durations (wall time) and nest; the pivot instant sits on the same op.
+        path = os.path.join(self.tmp, "bitflip.json")
+        self.daemon.cli("export", "bitflip", "--vs", "ref", "--perfetto", path)
+        with open(path) as f:
+            trace = json.load(f)
+        problems, summary = check_trace_events.check(trace)
+        self.assertEqual(problems, [])
+        self.assertEqual(trace["otherData"]["time"], "wall")
+        self.assertGreater(summary["flows"], 0)
+        self.assertEqual(len(summary["instants"]), 2)
+        for instant in summary["instants"]:
+            self.assertEqual(instant["args"]["op"], "c10d::all_reduce [enter]")
+            self.assertEqual(instant["args"]["op_index"],
+                             first["op_index"]["reference" if instant["pid"] == 1 else "suspect"])
 
     def test_changed_computation_in_one_function(self):
         harness.train(self.site, self.daemon, "reorder", ranks=RANKS, steps=STEPS,
@@ -323,7 +342,7 @@ class Collectives(harness.DaemonTestCase):
         # before the op that reads the output.
         out = self.run_job("collective_wrapped_future.py", "wrapped-future")
         self.assert_completed("wrapped-future", {"world": [(0, 0, 0), (1, 0, 0)],
-                                                 "pg0,1": [(0, 0, 0), (1, 0, 0)]})
+                                                 "pg[0,1]": [(0, 0, 0), (1, 0, 0)]})
         for rank in (0, 1):
             final = self.fingerprint(os.path.join(out, f"final-{rank}.bin"))
             neg, = [op for op in self.lane0("wrapped-future", rank) if op["name"] == "aten::neg"]
@@ -336,7 +355,7 @@ class Collectives(harness.DaemonTestCase):
         # the process, where a late callback can abort it.
         out = self.run_job("group_lifetime.py", "lifetime")
         self.assert_completed("lifetime", {"world": [(0, 1, 1), (1, 1, 1)],
-                                           "pg0,1": [(0, 0, 0), (1, 0, 0)]})
+                                           "pg[0,1]": [(0, 0, 0), (1, 0, 0)]})
         for rank in (0, 1):
             with open(os.path.join(out, f"threads-{rank}.json")) as f:
                 counts = json.load(f)
@@ -441,8 +460,8 @@ class Collectives(harness.DaemonTestCase):
         # never completed (gloo's send/recv works have no future).
         last = len(calls[0]) - 3
         self.assert_completed("kinds", {"world": [(0, last, last - 1), (1, last, last - 1)],
-                                        "pg0,1": [(0, 0, 0), (1, 0, 0)],
-                                        "pg0": [(0, 0, 0)], "pg1": [(1, 0, 0)]})
+                                        "pg[0,1]": [(0, 0, 0), (1, 0, 0)],
+                                        "pg[0]": [(0, 0, 0)], "pg[1]": [(1, 0, 0)]})
 
     def fingerprint(self, path, dtype="float32", shape="4096"):
         result = subprocess.run([os.environ["OPGUARD_CLI"], "fingerprint", "--dtype", dtype,

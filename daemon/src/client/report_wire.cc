@@ -177,6 +177,33 @@ std::optional<aligner::FirstDivergence> FirstFromWire(const wire::FirstDivergenc
   return f;
 }
 
+// Fills `out` in place (a trace scan decodes millions of records into one
+// scratch OpDetail: reusing its vectors' capacity avoids a malloc per shape).
+void FillTensor(const wire::TensorSig* t, aligner::TensorInfo* out) {
+  out->fingerprint = {};
+  out->dtype = aligner::DType::kUnknown;
+  out->shape.clear();
+  out->stats.reset();
+  out->device = -1;
+  if (t == nullptr) return;
+  if (const auto* f = t->fingerprint()) out->fingerprint = {f->lo(), f->hi()};
+  out->dtype = static_cast<aligner::DType>(t->dtype());
+  if (t->shape()) out->shape.assign(t->shape()->begin(), t->shape()->end());
+  if (const auto* s = t->stats()) {
+    out->stats =
+        aligner::TensorStats{s->nan_count(), s->inf_count(), s->min(), s->max(), s->sum(), s->l2()};
+  }
+  out->device = t->device();
+}
+
+void FillTensors(const flatbuffers::Vector<flatbuffers::Offset<wire::TensorSig>>* v,
+                 std::vector<aligner::TensorInfo>* out) {
+  out->resize(v ? v->size() : 0);
+  for (size_t i = 0; i < out->size(); ++i) {
+    FillTensor(v->Get(static_cast<flatbuffers::uoffset_t>(i)), &(*out)[i]);
+  }
+}
+
 }  // namespace
 
 wire::DiffStatus StatusToWire(aligner::DiffStatus s) { return static_cast<wire::DiffStatus>(s); }
@@ -460,6 +487,15 @@ aligner::DiffReport MergeDiffAnswer(const wire::DiffAnswer& a) {
   }
   aligner::DiffReport report = aligner::MergeRankDiffs(std::move(ranks), Vec(a.expected_ranks()));
   for (auto& n : StringsFrom(a.notes())) report.notes.push_back(std::move(n));
+  if (a.communicators()) {
+    std::map<uint64_t, std::string> labels;
+    for (const auto* c : *a.communicators()) {
+      labels.emplace(c->id(), aligner::CommunicatorLabel(CommunicatorFromWire(*c)));
+    }
+    for (auto& e : report.explained) {
+      if (auto it = labels.find(e.communicator); it != labels.end()) e.communicator_name = it->second;
+    }
+  }
   return report;
 }
 
@@ -485,8 +521,16 @@ aligner::CollectivesReport CheckCollectivesAnswer(const wire::CollectivesAnswer&
   if (a.gaps()) {
     for (const auto* g : *a.gaps()) {
       std::ostringstream o;
-      o << "rank " << g->rank() << " dropped collective records: communicator " << std::hex
-        << g->communicator() << std::dec << " seq " << g->first_seq() << ".." << g->last_seq()
+      o << "rank " << g->rank() << " dropped collective records: communicator ";
+      auto def = std::find_if(comms.begin(), comms.end(),
+                              [&](const aligner::Communicator& c) { return c.id == g->communicator(); });
+      const std::string label = def != comms.end() ? aligner::CommunicatorLabel(*def) : "";
+      if (label.empty()) {
+        o << "#" << std::hex << g->communicator() << std::dec;
+      } else {
+        o << label;
+      }
+      o << " seq " << g->first_seq() << ".." << g->last_seq()
         << " (its progress there is unknown, not absent)";
       report.notes.push_back(o.str());
     }
@@ -576,6 +620,39 @@ std::string RanksText(const wire::RanksAnswer& a) {
     o << "note: no replica comparison (name replicas with --replicas R,R,...)\n";
   }
   return o.str();
+}
+
+void OpDetailFromRecord(const wire::OpRecord& r, aligner::OpDetail* d) {
+  d->lane = r.lane();
+  d->op_index = r.op_index();
+  d->step = r.step();
+  d->name = r.name();
+  d->site = r.site();
+  d->seq_nr = r.seq_nr();
+  d->backward = r.backward();
+  d->forward_site = r.forward_site();
+  const auto* inputs = r.inputs();
+  d->inputs.resize(inputs ? inputs->size() : 0);
+  for (size_t i = 0; i < d->inputs.size(); ++i) {
+    const auto* v = inputs->Get(static_cast<flatbuffers::uoffset_t>(i));
+    aligner::InputValue& in = d->inputs[i];
+    in.kind = static_cast<aligner::ValueKind>(v->kind());
+    in.scalar_bits = 0;
+    in.scalar_dtype = aligner::DType::kUnknown;
+    FillTensor(v->kind() == wire::ValueKind::Tensor ? v->tensor() : nullptr, &in.tensor);
+    FillTensors(v->kind() == wire::ValueKind::TensorList ? v->tensors() : nullptr, &in.tensors);
+    if (v->kind() == wire::ValueKind::Scalar) {
+      in.scalar_bits = v->scalar_bits();
+      in.scalar_dtype = static_cast<aligner::DType>(v->scalar_dtype());
+    }
+  }
+  FillTensors(r.outputs(), &d->outputs);
+  d->kernels.clear();
+  if (r.kernels()) d->kernels.assign(r.kernels()->begin(), r.kernels()->end());
+  d->start_ns = r.start_ns();
+  d->duration_ns = r.duration_ns();
+  d->nondeterministic = r.nondeterministic();
+  d->replicated = r.replicated();
 }
 
 }  // namespace opguard::daemon

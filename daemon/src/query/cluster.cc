@@ -156,7 +156,25 @@ struct DiffPart {
   std::set<uint32_t> expected;
   std::vector<std::string> notes;
   std::vector<NodeInfo> nodes;
+  std::map<uint64_t, aligner::Communicator> communicators;  // the suspect's, for explanations
 };
+
+Offset<flatbuffers::Vector<Offset<wire::CommunicatorDef>>> CommunicatorsToWire(
+    FlatBufferBuilder& b, const std::map<uint64_t, aligner::Communicator>& communicators) {
+  std::vector<Offset<wire::CommunicatorDef>> comms;
+  for (const auto& [id, c] : communicators) {
+    comms.push_back(wire::CreateCommunicatorDef(b, c.id, b.CreateString(c.name),
+                                                static_cast<uint32_t>(c.ranks.size()),
+                                                b.CreateVector(c.ranks)));
+  }
+  return b.CreateVector(comms);
+}
+
+void AddCommunicators(const flatbuffers::Vector<Offset<wire::CommunicatorDef>>* defs,
+                      std::map<uint64_t, aligner::Communicator>* into) {
+  if (defs == nullptr) return;
+  for (const auto* c : *defs) into->emplace(c->id(), CommunicatorFromWire(*c));
+}
 
 // The ranks this node diffs (held for both runs; only `rank` unless it is
 // negative). Adds the expected ranks, and a note for each rank held for one
@@ -198,6 +216,8 @@ Status DiffHere(const Store& store, const RunState& ref, const RunState& sus,
   std::map<uint32_t, std::vector<aligner::CollectiveEvent>> collectives;
   if (!local.empty()) {
     OPGUARD_ASSIGN_OR_RETURN(collectives, LoadCollectives(store, sus.id));
+    OPGUARD_ASSIGN_OR_RETURN(auto comms, LoadCommunicators(store, sus.id));
+    for (auto& c : comms) part->communicators.emplace(c.id, std::move(c));
   }
   StoreDetails ref_details(&store, ref.id), sus_details(&store, sus.id);
   StoreStrings ref_strings(&store, ref.id), sus_strings(&store, sus.id);
@@ -236,8 +256,9 @@ std::string DiffAnswerBytes(const DiffPart& part, const aligner::DiffReport& mer
   auto diverging = b.CreateVector(merged.diverging_ranks);
   auto nodes = NodesToWire(b, part.nodes);
   auto notes = Strings(b, part.notes);
+  auto comms = CommunicatorsToWire(b, part.communicators);
   wire::FinishEnvelope(b, wire::CreateDiffAnswer(b, StatusToWire(merged.status), ranks_vec,
-                                                 expected, missing, diverging, nodes, notes));
+                                                 expected, missing, diverging, nodes, notes, comms));
   return Bytes(b);
 }
 
@@ -288,13 +309,7 @@ Offset<wire::CollectivesAnswer> CollectivesToWire(FlatBufferBuilder& b, const Co
   for (const auto& [rank, events] : part.ranks) ranks.push_back(wire::CreateRankCollectives(b, rank));
   auto ranks_vec = b.CreateVector(ranks);
   auto groups_vec = CollectiveGroupsToWire(b, part.ranks);
-  std::vector<Offset<wire::CommunicatorDef>> comms;
-  for (const auto& [id, c] : part.communicators) {
-    comms.push_back(wire::CreateCommunicatorDef(b, c.id, b.CreateString(c.name),
-                                                static_cast<uint32_t>(c.ranks.size()),
-                                                b.CreateVector(c.ranks)));
-  }
-  auto comms_vec = b.CreateVector(comms);
+  auto comms_vec = CommunicatorsToWire(b, part.communicators);
   std::vector<Offset<wire::StringDef>> strings;
   for (const auto& [id, text] : part.strings)
     strings.push_back(wire::CreateStringDef(b, id, b.CreateString(text)));
@@ -327,8 +342,7 @@ void MergeCollectives(CollectivesPart* into, const wire::CollectivesAnswer& a) {
     into->ranks[rc.rank] = std::move(rc.events);
   }
   if (a.communicators()) {
-    for (const auto* c : *a.communicators())
-      into->communicators.emplace(c->id(), CommunicatorFromWire(*c));
+    AddCommunicators(a.communicators(), &into->communicators);
   }
   if (a.strings()) {
     for (const auto* s : *a.strings()) into->strings.emplace(s->id(), Str(s->text()));
@@ -416,6 +430,7 @@ Result<std::string> ClusterQueries::Diff(const wire::DiffRequest& q) {
     if (a->notes()) {
       for (const auto* note : *a->notes()) part.notes.push_back(note->str());
     }
+    AddCommunicators(a->communicators(), &part.communicators);
   }
   if (!q.local_only() && part.ranks.empty() && part.expected.empty()) {
     std::string why;

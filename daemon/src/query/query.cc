@@ -202,6 +202,7 @@ Result<TracePage> QueryService::ReadTrace(const std::string& name, uint32_t rank
                               &more);
   OPGUARD_RETURN_IF_ERROR(st);
   page.done = !more && bytes <= byte_budget;
+  if (auto next = store_->NextLane(run->id, rank, lane)) page.next_lane = *next;
   page.sites = store_->GetSites(run->id, {site_ids.begin(), site_ids.end()});
   for (const auto& [id, s] : page.sites) {
     string_ids.insert(s.file);
@@ -256,7 +257,7 @@ std::string QueryService::Answer(const void* data, size_t size) {
         }
         wire::FinishEnvelope(b, wire::CreateReadTraceAnswer(b, b.CreateVector(ops), b.CreateVector(strings),
                                                             b.CreateVector(sites), page->next_op,
-                                                            page->done));
+                                                            page->done, page->next_lane));
         break;
       }
       case wire::Message::DeleteRunRequest: {

@@ -38,6 +38,7 @@ struct TracePage {
   std::map<uint64_t, SiteDef> sites;
   uint64_t next_op = 0;
   bool done = true;
+  int64_t next_lane = -1;  // the rank's next lane with ops, -1: none
 };
 
 class QueryService {

@@ -25,33 +25,6 @@ Result<const T*> OpenValue(const rocksdb::Slice& value, wire::AlignedStorage* st
   return wire::OpenStored<T>(data, value.size());
 }
 
-// Fills `out` in place (a trace scan decodes millions of records into one
-// scratch OpDetail: reusing its vectors' capacity avoids a malloc per shape).
-void FillTensor(const wire::TensorSig* t, aligner::TensorInfo* out) {
-  out->fingerprint = {};
-  out->dtype = aligner::DType::kUnknown;
-  out->shape.clear();
-  out->stats.reset();
-  out->device = -1;
-  if (t == nullptr) return;
-  if (const auto* f = t->fingerprint()) out->fingerprint = {f->lo(), f->hi()};
-  out->dtype = static_cast<aligner::DType>(t->dtype());
-  if (t->shape()) out->shape.assign(t->shape()->begin(), t->shape()->end());
-  if (const auto* s = t->stats()) {
-    out->stats =
-        aligner::TensorStats{s->nan_count(), s->inf_count(), s->min(), s->max(), s->sum(), s->l2()};
-  }
-  out->device = t->device();
-}
-
-void FillTensors(const flatbuffers::Vector<flatbuffers::Offset<wire::TensorSig>>* v,
-                 std::vector<aligner::TensorInfo>* out) {
-  out->resize(v ? v->size() : 0);
-  for (size_t i = 0; i < out->size(); ++i) {
-    FillTensor(v->Get(static_cast<flatbuffers::uoffset_t>(i)), &(*out)[i]);
-  }
-}
-
 Status FromRocks(const rocksdb::Status& s, const char* what) {
   if (s.ok()) return Status::Ok();
   return Internal(std::string(what) + ": " + s.ToString());
@@ -73,39 +46,6 @@ Status ScanKind(const Store& store, Cf cf, const std::string& prefix, const char
 }
 
 }  // namespace
-
-void OpDetailFromRecord(const wire::OpRecord& r, aligner::OpDetail* d) {
-  d->lane = r.lane();
-  d->op_index = r.op_index();
-  d->step = r.step();
-  d->name = r.name();
-  d->site = r.site();
-  d->seq_nr = r.seq_nr();
-  d->backward = r.backward();
-  d->forward_site = r.forward_site();
-  const auto* inputs = r.inputs();
-  d->inputs.resize(inputs ? inputs->size() : 0);
-  for (size_t i = 0; i < d->inputs.size(); ++i) {
-    const auto* v = inputs->Get(static_cast<flatbuffers::uoffset_t>(i));
-    aligner::InputValue& in = d->inputs[i];
-    in.kind = static_cast<aligner::ValueKind>(v->kind());
-    in.scalar_bits = 0;
-    in.scalar_dtype = aligner::DType::kUnknown;
-    FillTensor(v->kind() == wire::ValueKind::Tensor ? v->tensor() : nullptr, &in.tensor);
-    FillTensors(v->kind() == wire::ValueKind::TensorList ? v->tensors() : nullptr, &in.tensors);
-    if (v->kind() == wire::ValueKind::Scalar) {
-      in.scalar_bits = v->scalar_bits();
-      in.scalar_dtype = static_cast<aligner::DType>(v->scalar_dtype());
-    }
-  }
-  FillTensors(r.outputs(), &d->outputs);
-  d->kernels.clear();
-  if (r.kernels()) d->kernels.assign(r.kernels()->begin(), r.kernels()->end());
-  d->start_ns = r.start_ns();
-  d->duration_ns = r.duration_ns();
-  d->nondeterministic = r.nondeterministic();
-  d->replicated = r.replicated();
-}
 
 Result<aligner::RankTrace> LoadRankTrace(const Store& store, uint64_t run, uint32_t rank,
                                          bool with_collectives, const std::atomic<bool>* cancel) {

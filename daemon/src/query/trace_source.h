@@ -38,9 +38,6 @@
 
 namespace opguard::daemon {
 
-// The full record as the aligner models it (wire::OpRecord one-to-one).
-void OpDetailFromRecord(const wire::OpRecord& r, aligner::OpDetail* out);
-
 // Ops, op gaps and (when `with_collectives`) this rank's collectives.
 // `cancel`, when set and true, stops the scan early with Cancelled-like error.
 Result<aligner::RankTrace> LoadRankTrace(const Store& store, uint64_t run, uint32_t rank,

@@ -274,6 +274,22 @@ Status Store::ScanOps(uint64_t run, uint32_t rank, uint32_t lane, uint64_t from_
   return FromRocks(it->status(), "reading trace");
 }
 
+std::optional<uint32_t> Store::NextLane(uint64_t run, uint32_t rank, uint32_t lane) const {
+  if (lane == UINT32_MAX) return std::nullopt;
+  const std::string upper =
+      rank == UINT32_MAX ? keys::LanePrefix(run + 1, 0, 0) : keys::LanePrefix(run, rank + 1, 0);
+  rocksdb::Slice upper_slice(upper);
+  auto it = NewScan(Cf::kOps, &upper_slice, /*fill_cache=*/true);
+  const std::string rank_prefix = keys::LanePrefix(run, rank, 0).substr(0, 12);  // run | rank
+  for (it->Seek(keys::LanePrefix(run, rank, lane + 1)); it->Valid(); it->Next()) {
+    auto key = it->key();
+    if (key.size() == keys::kOpKeySize && key.starts_with(rank_prefix)) {
+      return keys::OpKeyLane(key.ToStringView());
+    }
+  }
+  return std::nullopt;
+}
+
 std::map<uint64_t, std::string> Store::GetDefs(uint64_t run, char kind,
                                                const std::vector<uint64_t>& ids) const {
   std::map<uint64_t, std::string> out;

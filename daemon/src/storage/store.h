@@ -106,6 +106,8 @@ class Store {
   // during the call; chunked values (op_chunk.h) are split into records.
   Status ScanOps(uint64_t run, uint32_t rank, uint32_t lane, uint64_t from_op, uint32_t max,
                  const std::function<void(uint64_t, const rocksdb::Slice&)>& fn, bool* more) const;
+  // The first lane of (run, rank) after `lane` that holds ops.
+  std::optional<uint32_t> NextLane(uint64_t run, uint32_t rank, uint32_t lane) const;
   // Point lookups of definitions; missing (or damaged) ids are absent.
   std::map<uint64_t, std::string> GetStrings(uint64_t run, const std::vector<uint64_t>& ids) const;
   std::map<uint64_t, SiteDef> GetSites(uint64_t run, const std::vector<uint64_t>& ids) const;

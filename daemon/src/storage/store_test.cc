@@ -62,6 +62,31 @@ TEST(Store, RegistryRoundTripsAndDeleteRemovesEverything) {
   EXPECT_TRUE(runs.empty());
 }
 
+TEST(Store, NextLaneSkipsEmptyLanesAndStopsAtTheRank) {
+  testing::TempDir dir;
+  Config config;
+  config.data_dir = dir.path() + "/data";
+  auto store = Store::Open(config);
+  ASSERT_TRUE(store.ok()) << store.status().message();
+  StoreBatch wb(store->get());
+  // Run 3: rank 0 has lanes 0, 2 and 3072; rank 1 lane 5; run 4 rank 0 lane 9.
+  for (uint32_t lane : {0u, 2u, 3072u}) wb.PutOpChunk(3, 0, lane, 0, "v");
+  wb.PutOpChunk(3, 1, 5, 0, "v");
+  wb.PutOpChunk(4, 0, 9, 0, "v");
+  wb.PutOpChunk(3, UINT32_MAX, 1, 0, "v");
+  ASSERT_TRUE((*store)->Write(&wb, true).ok());
+  EXPECT_EQ((*store)->NextLane(3, 0, 0), 2u);
+  EXPECT_EQ((*store)->NextLane(3, 0, 1), 2u);
+  EXPECT_EQ((*store)->NextLane(3, 0, 2), 3072u);
+  EXPECT_EQ((*store)->NextLane(3, 0, 3072), std::nullopt);  // not rank 1's lane 5
+  EXPECT_EQ((*store)->NextLane(3, 1, 0), 5u);
+  EXPECT_EQ((*store)->NextLane(3, 1, 5), std::nullopt);  // not run 4's lane 9
+  EXPECT_EQ((*store)->NextLane(3, 2, 0), std::nullopt);
+  EXPECT_EQ((*store)->NextLane(3, UINT32_MAX, 0), 1u);
+  EXPECT_EQ((*store)->NextLane(3, UINT32_MAX, 1), std::nullopt);
+  EXPECT_EQ((*store)->NextLane(3, 0, UINT32_MAX), std::nullopt);
+}
+
 TEST(SessionState, ContiguousPrefixAndOutOfOrder) {
   SessionState s;
   s.Mark(1);

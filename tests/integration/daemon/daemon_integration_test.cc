@@ -416,7 +416,7 @@ TEST_F(DaemonTest, CliAgainstARealDaemon) {
   auto diff_help = testing::RunCommand(cli + "diff --help");
   EXPECT_EQ(diff_help.exit_code, 0) << diff_help.output;
   for (const char* text : {"--daemon", "--timeout", "--rank", "REFERENCE", "SUSPECT", "Exit codes",
-                           "0 identical", "1 diverged, incomplete", "2 usage error"}) {
+                           "0 identical", "1 diverged", "2 error (usage", "3 incomplete"}) {
     EXPECT_NE(diff_help.output.find(text), std::string::npos) << text << " in:\n" << diff_help.output;
   }
 
@@ -427,7 +427,7 @@ TEST_F(DaemonTest, CliAgainstARealDaemon) {
   DaemonClient client(d->query());
   EXPECT_FALSE(client.ReadTrace("cli-run", 0, 0, 0, 10).ok());
   auto again = testing::RunCommand(cli + "rm cli-run" + at);
-  EXPECT_EQ(again.exit_code, 1);
+  EXPECT_EQ(again.exit_code, 2);
   EXPECT_NE(again.output.find("no run named 'cli-run'"), std::string::npos) << again.output;
 
   // A re-sent run after rm starts afresh (new run id, no stale records).
@@ -436,11 +436,11 @@ TEST_F(DaemonTest, CliAgainstARealDaemon) {
   auto reread = ReadAll(*d, "cli-run", 0);
   EXPECT_EQ(reread.size(), 10u);
 
-  // Unreachable daemon: one line, non-zero, and it gives up by itself
-  // (RunCommand would kill a CLI that waited forever: exit code 124, not 1).
+  // Unreachable daemon: one line, exit code 2, and it gives up by itself
+  // (RunCommand would kill a CLI that waited forever: exit code 124, not 2).
   auto down =
       testing::RunCommand(cli + "status --timeout 1 --daemon ipc://" + dir_.path() + "/nobody.sock", 120);
-  EXPECT_EQ(down.exit_code, 1) << down.output;
+  EXPECT_EQ(down.exit_code, 2) << down.output;
   EXPECT_NE(down.output.find("daemon not reachable at ipc://"), std::string::npos) << down.output;
   EXPECT_EQ(std::count(down.output.begin(), down.output.end(), '\n'), 1) << down.output;
   auto usage = testing::RunCommand(cli + "rm" + at);

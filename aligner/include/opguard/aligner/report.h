@@ -142,6 +142,7 @@ struct Explanation {
   uint32_t from_rank = 0;
   uint64_t communicator = 0;
   uint64_t seq = 0;
+  std::string communicator_name;  // CommunicatorLabel, when the answer carried the definition
 };
 
 // The merged, cluster-wide two-run answer.

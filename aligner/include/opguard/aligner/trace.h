@@ -187,6 +187,12 @@ struct Communicator {
   std::vector<uint32_t> ranks;  // global ranks, by rank in the communicator
 };
 
+// How reports name a communicator: by its members, "pg[0,1]", where it has
+// no name or the adapter's generated one ("pg0,1", which reads as one number);
+// otherwise its name ("world", or one the program chose); "" when nothing is
+// known (renderers then show the id).
+std::string CommunicatorLabel(const Communicator& c);
+
 // Resolves ids to text for reports. Implemented by the daemon over its string
 // and site tables; unknown ids render as hex.
 class StringResolver {

@@ -50,6 +50,10 @@ CollectiveGroupsToWire(flatbuffers::FlatBufferBuilder& b,
 std::vector<aligner::RankCollectives> CollectivesFromWire(const wire::CollectivesAnswer& a);
 aligner::Communicator CommunicatorFromWire(const wire::CommunicatorDef& w);
 
+// The full record as the aligner models it (wire::OpRecord one-to-one):
+// the daemon's trace scans and the CLI's export read stored records with it.
+void OpDetailFromRecord(const wire::OpRecord& r, aligner::OpDetail* out);
+
 wire::DiffStatus StatusToWire(aligner::DiffStatus s);
 aligner::DiffStatus StatusFromWire(wire::DiffStatus s);
 
