@@ -32,8 +32,6 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 using testing::BatchOptions;
-using testing::DaemonProcess;
-using testing::RankSender;
 
 std::string Opguardd() {
   const char* other = std::getenv("OPGUARDD_UNDER_TEST");
@@ -42,26 +40,32 @@ std::string Opguardd() {
 
 class LimitsTest : public ::testing::Test {
  protected:
-  std::unique_ptr<DaemonProcess> StartDaemon(std::vector<std::string> args = {},
+  std::unique_ptr<testing::DaemonProcess> StartDaemon(std::vector<std::string> args = {},
                                              const std::string& binary = Opguardd()) {
-    auto d = std::make_unique<DaemonProcess>(binary, dir_.path(), std::move(args));
+    auto d = std::make_unique<testing::DaemonProcess>(binary, dir_.path(), std::move(args));
     Status st = d->Start();
     EXPECT_TRUE(st.ok()) << st.message();
     return d;  // the test asserts Running() before using it
   }
 
-  static std::string Ack(DaemonProcess& d, const std::string& frame) {
+  // Still up after what the test did, and stops cleanly.
+  static void StopCleanly(testing::DaemonProcess& d) {
+    EXPECT_TRUE(d.Running());
+    EXPECT_EQ(d.Stop(), 0);
+  }
+
+  static std::string Ack(testing::DaemonProcess& d, const std::string& frame) {
     auto reply = testing::SendRaw(d.ingest(), frame, 10s);
     return reply.ok() ? testing::DescribeAck(*reply) : "no ack: " + reply.status().message();
   }
 
-  static void ExpectRejected(DaemonProcess& d, const std::string& frame, const std::string& error) {
+  static void ExpectRejected(testing::DaemonProcess& d, const std::string& frame, const std::string& error) {
     const std::string ack = Ack(d, frame);
     EXPECT_EQ(ack.rfind("rejected: ", 0), 0u) << ack;
     EXPECT_NE(ack.find(error), std::string::npos) << ack;
   }
 
-  static double Metric(DaemonProcess& d, const std::string& name_and_labels) {
+  static double Metric(testing::DaemonProcess& d, const std::string& name_and_labels) {
     auto metrics = testing::HttpGet(d.http(), "/metrics");
     if (!metrics.ok()) return -1;
     auto pos = metrics->body.find("\n" + name_and_labels + " ");
@@ -69,7 +73,7 @@ class LimitsTest : public ::testing::Test {
     return std::stod(metrics->body.substr(pos + name_and_labels.size() + 2));
   }
 
-  static nlohmann::json Run(DaemonProcess& d, const std::string& name) {
+  static nlohmann::json Run(testing::DaemonProcess& d, const std::string& name) {
     auto r = testing::HttpGet(d.http(), "/api/runs/" + name);
     if (!r.ok() || r->status != 200) return nullptr;
     return nlohmann::json::parse(r->body);
@@ -105,8 +109,7 @@ TEST_F(LimitsTest, AHugeWorldSizeIsRejectedAndQueriesStayCheap) {
   EXPECT_LT(d->RssBytes(), 300u << 20) << "the daemon's memory followed an announced number";
   EXPECT_EQ(Metric(*d, "opguard_batches_rejected_total{reason=\"limit\"}"), 2);
   EXPECT_EQ(Metric(*d, "opguard_batches_rejected_total{reason=\"invalid_batch\"}"), 1);
-  EXPECT_TRUE(d->Running());
-  EXPECT_EQ(d->Stop(), 0);
+  StopCleanly(*d);
 }
 
 // A first announce with a wrong world size is outvoted by the ranks that follow.
@@ -125,7 +128,7 @@ TEST_F(LimitsTest, TheFirstAnnounceDoesNotFixTheWorldSize) {
   d = StartDaemon();
   ASSERT_TRUE(d->Running());
   EXPECT_EQ(Run(*d, "vote")["world_size"], 4);
-  EXPECT_EQ(d->Stop(), 0);
+  StopCleanly(*d);
 }
 
 TEST_F(LimitsTest, RunsRanksAndStringsAreCapped) {
@@ -170,8 +173,7 @@ TEST_F(LimitsTest, RunsRanksAndStringsAreCapped) {
   ASSERT_TRUE(client.DeleteRun("c").ok());
   EXPECT_EQ(Ack(*d, testing::MakeBatch("d", 0, 1, 0, 0, 10, {})), "durable");
   EXPECT_EQ(Metric(*d, "opguard_batches_rejected_total{reason=\"limit\"}"), 5);
-  EXPECT_TRUE(d->Running());
-  EXPECT_EQ(d->Stop(), 0);
+  StopCleanly(*d);
 }
 
 // 40 000 one-op batches after one missing seq (the run was removed while its
@@ -183,11 +185,11 @@ TEST_F(LimitsTest, DedupAfterAMissingSeqCostsAboutWhatInOrderCosts) {
   constexpr uint64_t kBatches = 40000;
   const auto deadline = Clock::now() + 240s;
   double cpu = testing::ProcessCpuSeconds(d->pid());
-  RankSender in_order(d->ingest(), "in-order", 0, 1, 1);
+  testing::RankSender in_order(d->ingest(), "in-order", 0, 1, 1);
   ASSERT_TRUE(in_order.Run(kBatches, deadline, 64).ok());
   const double in_order_cpu = testing::ProcessCpuSeconds(d->pid()) - cpu;
 
-  RankSender gapped(d->ingest(), "gapped", 0, 2, 1);
+  testing::RankSender gapped(d->ingest(), "gapped", 0, 2, 1);
   ASSERT_TRUE(gapped.Run(10, deadline, 8).ok());
   DaemonClient client(d->query());
   ASSERT_TRUE(client.DeleteRun("gapped").ok());
@@ -208,7 +210,7 @@ TEST_F(LimitsTest, DedupAfterAMissingSeqCostsAboutWhatInOrderCosts) {
   EXPECT_EQ(Metric(*d, "opguard_batches_total{result=\"duplicate\"}"), duplicates + 3);
   EXPECT_EQ(Run(*d, "gapped")["ops"], kBatches);
   EXPECT_EQ(Metric(*d, "opguard_dedup_gaps_given_up_total"), 0);
-  EXPECT_EQ(d->Stop(), 0);
+  StopCleanly(*d);
 }
 
 // Senders that outrun the store fill the in-flight budget; the daemon then
@@ -218,11 +220,11 @@ TEST_F(LimitsTest, IngestStopsReadingAtItsByteBudget) {
   auto d = StartDaemon({"--ingest.max-inflight-bytes", "4MiB", "--ingest.hwm", "2"});
   ASSERT_TRUE(d->Running());
   constexpr uint32_t kRanks = 6, kBatches = 25, kOps = 2000;  // ~0.7 MiB per batch
-  std::vector<std::unique_ptr<RankSender>> senders;
+  std::vector<std::unique_ptr<testing::RankSender>> senders;
   BatchOptions cheap;
   cheap.reuse_template = true;
   for (uint32_t r = 0; r < kRanks; ++r) {
-    senders.push_back(std::make_unique<RankSender>(d->ingest(), "budget", r, 100 + r, kOps, cheap));
+    senders.push_back(std::make_unique<testing::RankSender>(d->ingest(), "budget", r, 100 + r, kOps, cheap));
   }
   std::vector<std::thread> threads;
   std::vector<Status> results(kRanks);
@@ -245,7 +247,7 @@ TEST_F(LimitsTest, IngestStopsReadingAtItsByteBudget) {
       << "the receiver read past its budget";
   EXPECT_GT(Metric(*d, "opguard_ingest_paused_seconds_total"), 0);
   EXPECT_EQ(Run(*d, "budget")["ops"], uint64_t{kRanks} * kBatches * kOps);
-  EXPECT_EQ(d->Stop(), 0);
+  StopCleanly(*d);
 }
 
 // With 256 file descriptors, 300 idle HTTP connections used to take them all
@@ -282,7 +284,7 @@ TEST_F(LimitsTest, IdleHttpConnectionsDoNotStarveIngest) {
   }
   std::this_thread::sleep_for(500ms);
   // A training job connects and sends.
-  RankSender job(d->ingest(), "job", 0, 7, 100);
+  testing::RankSender job(d->ingest(), "job", 0, 7, 100);
   EXPECT_TRUE(job.Run(20, Clock::now() + 60s, 4).ok());
   EXPECT_EQ(job.rejected(), 0u);
   ASSERT_TRUE(d->Running()) << "the daemon died with 300 idle HTTP connections";
@@ -300,7 +302,7 @@ TEST_F(LimitsTest, IdleHttpConnectionsDoNotStarveIngest) {
   ASSERT_TRUE(metrics.has_value());
   EXPECT_GT(Metric(*d, "opguard_http_accept_backoffs_total"), 0);
   EXPECT_EQ(Run(*d, "job")["ops"], 20u * 100);
-  EXPECT_EQ(d->Stop(), 0);
+  StopCleanly(*d);
 }
 
 }  // namespace
