@@ -102,11 +102,13 @@ TEST_F(LimitsTest, AHugeWorldSizeIsRejectedAndQueriesStayCheap) {
                  "outside the world size 8");
   // The same run from a sane rank: accepted, and its world size is the sane one.
   EXPECT_EQ(Ack(*d, testing::MakeBatch("huge", 0, 4, 0, 0, 10, Announce(8))), "durable");
+  const uint64_t rss_before = d->RssBytes();
   auto collectives = testing::HttpGet(d->http(), "/api/runs/huge/collectives", 60s);
   ASSERT_TRUE(collectives.ok()) << collectives.status().message();
   EXPECT_EQ(collectives->status, 200) << collectives->body;
   EXPECT_EQ(Run(*d, "huge")["world_size"], 8);
-  EXPECT_LT(d->RssBytes(), 300u << 20) << "the daemon's memory followed an announced number";
+  // Growth, not the total: sanitizer builds start far larger.
+  EXPECT_LT(d->RssBytes(), rss_before + (200u << 20)) << "the daemon's memory followed an announced number";
   EXPECT_EQ(Metric(*d, "opguard_batches_rejected_total{reason=\"limit\"}"), 2);
   EXPECT_EQ(Metric(*d, "opguard_batches_rejected_total{reason=\"invalid_batch\"}"), 1);
   StopCleanly(*d);
