@@ -107,6 +107,8 @@ TEST_F(LimitsTest, AHugeWorldSizeIsRejectedAndQueriesStayCheap) {
   ASSERT_TRUE(collectives.ok()) << collectives.status().message();
   EXPECT_EQ(collectives->status, 200) << collectives->body;
   EXPECT_EQ(Run(*d, "huge")["world_size"], 8);
+  std::printf("daemon RSS around the collectives query: %.1f -> %.1f MiB\n", rss_before / 1048576.0,
+              d->RssBytes() / 1048576.0);
   // Growth, not the total: sanitizer builds start far larger.
   EXPECT_LT(d->RssBytes(), rss_before + (200u << 20)) << "the daemon's memory followed an announced number";
   EXPECT_EQ(Metric(*d, "opguard_batches_rejected_total{reason=\"limit\"}"), 2);
