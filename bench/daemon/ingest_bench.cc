@@ -48,24 +48,6 @@ using namespace opguard::daemon;
 using namespace std::chrono;
 
 namespace {
-// CPU seconds (user + system) the daemon process has used so far: on a shared
-// machine records per daemon CPU second is steadier than records per second.
-double CpuSeconds(pid_t pid) {
-  if (pid <= 0) return 0;
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  auto close = stat.rfind(')');
-  if (close == std::string::npos) return 0;
-  std::istringstream fields(stat.substr(close + 2));
-  std::string f;
-  unsigned long long utime = 0, stime = 0;
-  for (int i = 3; i <= 15 && fields >> f; ++i) {
-    if (i == 14) utime = std::stoull(f);
-    if (i == 15) stime = std::stoull(f);
-  }
-  return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
-}
-
 // CPU seconds of the terminated and waited-for descendants of this process.
 double ChildrenCpuSeconds() {
   rusage ru{};
@@ -219,7 +201,7 @@ int main(int argc, char** argv) {
     auto out = testing::RunCommand(loadgen + " --endpoint " + daemon.ingest() + loadgen_args, 600);
     const double loadgen_cpu = ChildrenCpuSeconds() - loadgen_cpu_before;
     const uint64_t peak_rss = daemon.PeakRssBytes();
-    const double cpu = CpuSeconds(daemon.pid());
+    const double cpu = testing::ProcessCpuSeconds(daemon.pid());
     auto metrics = testing::HttpGet(daemon.http(), "/metrics");
     auto metric = [&](const std::string& name) -> double {
       if (!metrics.ok()) return 0;
@@ -291,7 +273,7 @@ int main(int argc, char** argv) {
   uint64_t records = 0;
   for (auto& s : senders) records += s->ops_acked();
   const uint64_t peak_rss = daemon.PeakRssBytes();
-  const double cpu = CpuSeconds(daemon.pid());
+  const double cpu = testing::ProcessCpuSeconds(daemon.pid());
   const int code = daemon.Stop();  // flushes memtables: what stays on disk is SSTs
   uint64_t disk = 0;
   for (const auto& e : std::filesystem::recursive_directory_iterator(daemon.data_dir())) {

@@ -119,6 +119,10 @@ std::unique_ptr<CLI::App> MakeApp(Config* c, Flags* flags) {
         return s.empty() || s.rfind(':') != std::string::npos ? std::string()
                                                               : "'" + s + "' is not HOST:PORT";
       });
+  add(kGeneral, "--http.max-connections", c->http_max_connections, "N",
+      "HTTP connections served at once (default 64; at most\n"
+      "a quarter of the file descriptor limit)")
+      ->check(CLI::Range(1u, 1000000u));
   add(kGeneral, "--peers", c->peers, "E1,E2,...",
       "query endpoints of the other nodes' daemons\n(cluster queries)")
       ->delimiter(',')
@@ -149,8 +153,27 @@ std::unique_ptr<CLI::App> MakeApp(Config* c, Flags* flags) {
           },
           ""));
   add("ingest", "--ingest.hwm", c->ingest_hwm, "N",
-      "messages queued per sender before backpressure\n(default 32)")
+      "messages ZeroMQ queues per sender before backpressure\n(default 4)")
       ->check(CLI::Range(1, 1000000));
+  add_size("limits", "--ingest.max-inflight-bytes", c->max_inflight_bytes,
+           "batches received and not yet acknowledged, at most\n"
+           "(default 128MiB); then the daemon stops reading",
+           4096);
+  add("limits", "--ingest.max-world-size", c->max_world_size, "N",
+      "largest world size and rank index accepted\n(default 131072)")
+      ->check(CLI::Range(1u, 1u << 30));
+  add("limits", "--ingest.max-runs", c->max_runs, "N", "runs stored, at most (default 10000)")
+      ->check(CLI::Range(1u, UINT32_MAX));
+  add("limits", "--ingest.max-ranks-per-run", c->max_ranks_per_run, "N",
+      "ranks of one run, at most (default 8192)")
+      ->check(CLI::Range(1u, UINT32_MAX));
+  add("limits", "--ingest.max-ranks", c->max_ranks, "N",
+      "ranks of all runs together, at most (default 131072)")
+      ->check(CLI::Range(1u, UINT32_MAX));
+  add_size("limits", "--ingest.max-string-bytes", c->max_string_bytes,
+           "longest text of a batch (default 64KiB)", 256);
+  add_size("limits", "--ingest.max-run-metadata-bytes", c->max_run_metadata_bytes,
+           "a run's job id, framework and settings together\n(default 64KiB)", 1024);
 
   add_size("storage", "--storage.write-buffer-bytes", c->write_buffer_bytes,
            "memtable size for ops (default 64MiB)", 1 << 20);

@@ -7,6 +7,7 @@
 #include <boost/asio/steady_timer.hpp>
 
 #include <pthread.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -49,6 +50,19 @@ std::chrono::microseconds WatchdogPeriod() {
   if (sd_watchdog_enabled(0, &usec) > 0 && usec > 0) return std::chrono::microseconds(usec / 2);
 #endif
   return std::chrono::microseconds(0);
+}
+
+// Raises the soft file descriptor limit to the hard one (libzmq aborts when
+// it cannot get a descriptor) and returns the limit in effect.
+uint64_t RaiseFileLimit() {
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0) return 1024;
+  if (lim.rlim_cur < lim.rlim_max) {
+    rlimit raised = lim;
+    raised.rlim_cur = lim.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) lim = raised;
+  }
+  return lim.rlim_cur == RLIM_INFINITY ? UINT64_MAX : lim.rlim_cur;
 }
 
 }  // namespace
@@ -143,6 +157,7 @@ Daemon::~Daemon() = default;
 int Daemon::Run() {
   Impl& d = *impl_;
   const Config& c = d.config;
+  const uint64_t file_limit = RaiseFileLimit();
   auto store = Store::Open(c);
   if (!store.ok()) {
     OPGUARD_LOG(LogLevel::kError, store.status().message());
@@ -182,6 +197,15 @@ int Daemon::Run() {
   if (!st.ok()) return fail(st);
   if (!c.http.empty()) {
     d.http = std::make_unique<HttpServer>(&d.io, d.service.get(), &d.metrics, d.store.get());
+    // HTTP never takes the descriptors ingest, queries and the store need.
+    const uint64_t http_cap =
+        std::max<uint64_t>(1, std::min<uint64_t>(c.http_max_connections, file_limit / 4));
+    if (http_cap < c.http_max_connections) {
+      OPGUARD_LOG(LogLevel::kWarn, "http.max_connections lowered to " + std::to_string(http_cap) +
+                                       " (a quarter of the file descriptor limit " +
+                                       std::to_string(file_limit) + ")");
+    }
+    d.http->SetMaxConnections(http_cap);
     st = d.http->Start(c.http);
     if (!st.ok()) return fail(st);
     d.service->SetHttpAddress(d.http->address());

@@ -15,6 +15,8 @@ const char* RejectReasonName(RejectReason reason) {
     case RejectReason::kSchemaMajor: return "schema_major";
     case RejectReason::kWrongMessage: return "wrong_message";
     case RejectReason::kInvalidBatch: return "invalid_batch";
+    case RejectReason::kLimit:
+      return "limit";
     case RejectReason::kCount: break;
   }
   return "unknown";
@@ -109,8 +111,27 @@ std::string Metrics::Prometheus(const Store& store, uint64_t runs, double uptime
   Line(&o, "opguard_query_errors_total", "", L(query_errors));
   Head(&o, "opguard_http_requests_total", "counter", "HTTP requests served.");
   Line(&o, "opguard_http_requests_total", "", L(http_requests));
+  Head(&o, "opguard_http_connections", "gauge",
+       "Open HTTP connections (at most http.max_connections).");
+  Line(&o, "opguard_http_connections", "", L(http_connections));
+  Head(&o, "opguard_http_accept_backoffs_total", "counter",
+       "Times HTTP stopped accepting for 100 ms: at http.max_connections or out of file "
+       "descriptors.");
+  Line(&o, "opguard_http_accept_backoffs_total", "", L(http_accept_backoffs));
   Head(&o, "opguard_runs_deleted_total", "counter", "Runs removed (opguard rm and retention).");
   Line(&o, "opguard_runs_deleted_total", "", L(runs_deleted));
+
+  Head(&o, "opguard_dedup_gaps_given_up_total", "counter",
+       "Missing batch seqs given up to keep a session's dedup window bounded (later arrivals count "
+       "as duplicates).");
+  Line(&o, "opguard_dedup_gaps_given_up_total", "", L(dedup_gaps_given_up));
+  Head(
+      &o, "opguard_ingest_inflight_bytes", "gauge",
+      "Bytes of batches received and not yet acknowledged (bounded by ingest.max_inflight_bytes).");
+  Line(&o, "opguard_ingest_inflight_bytes", "", L(inflight_bytes));
+  Head(&o, "opguard_ingest_paused_seconds_total", "counter",
+       "Time ingest stopped reading because ingest.max_inflight_bytes was reached (backpressure).");
+  Line(&o, "opguard_ingest_paused_seconds_total", "", L(ingest_paused_micros) / 1e6);
 
   Head(&o, "opguard_runs", "gauge", "Runs stored.");
   Line(&o, "opguard_runs", "", static_cast<double>(runs));

@@ -21,6 +21,7 @@ enum class RejectReason : int {
   kSchemaMajor,     // another schema major version
   kWrongMessage,    // a valid envelope that is not a Batch
   kInvalidBatch,    // a Batch that breaks the contract (empty run name, ...)
+  kLimit,           // beyond a configured limit (world size, runs, ranks, string bytes, ...)
   kCount
 };
 inline constexpr int kRejectReasonCount = static_cast<int>(RejectReason::kCount);
@@ -43,7 +44,12 @@ struct Metrics {
   std::array<std::atomic<uint64_t>, kAckBuckets.size() + 1> ack_buckets{};  // last: +Inf
   std::atomic<uint64_t> ack_count{0}, ack_sum_micros{0};
   std::atomic<uint64_t> queries{0}, query_errors{0}, http_requests{0};
+  std::atomic<uint64_t> http_connections{0};      // gauge: open HTTP connections
+  std::atomic<uint64_t> http_accept_backoffs{0};  // accepting paused: at the cap or out of descriptors
   std::atomic<uint64_t> runs_deleted{0};
+  std::atomic<uint64_t> dedup_gaps_given_up{0};  // missing seqs given up (SessionState::kMaxRanges)
+  std::atomic<uint64_t> inflight_bytes{0};       // gauge: received, not yet acknowledged
+  std::atomic<uint64_t> ingest_paused_micros{0};  // receiver not reading: budget exhausted
 
   void ObserveAck(uint64_t micros);
   // For counters fed with sender-chosen numbers (gap records): stop at the top.

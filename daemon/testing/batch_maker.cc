@@ -8,13 +8,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <zmq.hpp>
-
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <thread>
+#include <zmq.hpp>
 
 #include "opguard/daemon/client.h"
 #include "opguard/idl/envelope.h"
@@ -398,14 +398,36 @@ bool DaemonProcess::Running() {
   return true;
 }
 
-uint64_t DaemonProcess::PeakRssBytes() const {
-  if (pid_ <= 0) return 0;
-  std::ifstream in("/proc/" + std::to_string(pid_) + "/status");
+namespace {
+// A "Vm...:   123 kB" line of /proc/PID/status, in bytes.
+uint64_t StatusBytes(pid_t pid, const std::string& field) {
+  if (pid <= 0) return 0;
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
   std::string line;
   while (std::getline(in, line)) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+    if (line.rfind(field, 0) == 0) return std::stoull(line.substr(field.size())) * 1024;
   }
   return 0;
+}
+}  // namespace
+
+uint64_t DaemonProcess::PeakRssBytes() const { return StatusBytes(pid_, "VmHWM:"); }
+uint64_t DaemonProcess::RssBytes() const { return StatusBytes(pid_, "VmRSS:"); }
+
+double ProcessCpuSeconds(pid_t pid) {
+  if (pid <= 0) return 0;
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto close = stat.rfind(')');  // the command name may hold spaces
+  if (close == std::string::npos) return 0;
+  std::istringstream fields(stat.substr(close + 2));
+  std::string f;
+  unsigned long long utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && fields >> f; ++i) {
+    if (i == 14) utime = std::stoull(f);
+    if (i == 15) stime = std::stoull(f);
+  }
+  return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
 // ---- HTTP / commands -----------------------------------------------------------------

@@ -39,10 +39,13 @@ bool ValidRunName(const flatbuffers::String* name) {
   return true;
 }
 
-// Every text field of a batch ends up in the run's JSON (registry, HTTP,
-// CLI), which must be UTF-8. Returns what is wrong, or "" when all is valid.
-std::string FindInvalidUtf8(const wire::Batch& batch) {
-  auto bad = [](const flatbuffers::String* s) { return s != nullptr && !IsValidUtf8(s->string_view()); };
+// Calls bad(text) for every text field of a batch; returns the name of the
+// first field it flags, or "".
+template <typename Bad>
+std::string FindText(const wire::Batch& batch, Bad bad_text) {
+  auto bad = [&bad_text](const flatbuffers::String* s) {
+    return s != nullptr && bad_text(s->string_view());
+  };
   auto bad_pairs = [&bad](const flatbuffers::Vector<flatbuffers::Offset<wire::KeyValue>>* kv) {
     return kv != nullptr && std::any_of(kv->begin(), kv->end(),
                                         [&bad](const auto* e) { return bad(e->key()) || bad(e->value()); });
@@ -74,6 +77,75 @@ std::string FindInvalidUtf8(const wire::Batch& batch) {
   return "";
 }
 
+// Host names are at most 255 bytes (DNS); a rank's node is kept in memory.
+constexpr size_t kMaxNodeBytes = 255;
+
+// The limits a batch can break on its own (docs/daemon.md, Limits): every
+// text field of the batch ends up in the run's JSON (registry, HTTP, CLI),
+// which must be UTF-8, and numbers that size memory are bounded. Returns the
+// reason and what is wrong, or kCount when the batch is within them.
+std::pair<RejectReason, std::string> CheckBatch(const wire::Batch& batch, const Config& config) {
+  if (std::string field = FindText(batch, [](std::string_view t) { return !IsValidUtf8(t); });
+      !field.empty()) {
+    return {RejectReason::kInvalidBatch, field + " is not valid UTF-8"};
+  }
+  if (batch.seq() >= (uint64_t{1} << 62)) return {RejectReason::kInvalidBatch, "seq beyond 2^62"};
+  const uint64_t max_string = config.max_string_bytes;
+  if (std::string field =
+          FindText(batch, [max_string](std::string_view t) { return t.size() > max_string; });
+      !field.empty()) {
+    return {RejectReason::kLimit,
+            field + " is longer than ingest.max_string_bytes (" + std::to_string(max_string) + ")"};
+  }
+  const uint32_t max_world = config.max_world_size;
+  if (batch.rank() >= max_world) {
+    return {RejectReason::kLimit, "rank " + std::to_string(batch.rank()) +
+                                      " is not below ingest.max_world_size (" +
+                                      std::to_string(max_world) + ")"};
+  }
+  if (const auto* a = batch.announce()) {
+    if (a->world_size() > max_world) {
+      return {RejectReason::kLimit, "world size " + std::to_string(a->world_size()) +
+                                        " exceeds ingest.max_world_size (" +
+                                        std::to_string(max_world) + ")"};
+    }
+    if (a->world_size() != 0 && batch.rank() >= a->world_size()) {
+      return {RejectReason::kInvalidBatch, "rank " + std::to_string(batch.rank()) +
+                                               " is outside the world size " +
+                                               std::to_string(a->world_size()) + " it announces"};
+    }
+    if (a->node() && a->node()->size() > kMaxNodeBytes) {
+      return {RejectReason::kLimit,
+              "node name longer than " + std::to_string(kMaxNodeBytes) + " bytes"};
+    }
+  }
+  return {RejectReason::kCount, ""};
+}
+
+// Bytes an announce adds to a run's metadata (see Ingest::ApplyAnnounce: a
+// field is set once, a setting's key is added once). Keys repeated within
+// the announce count each time: an upper bound is enough for a limit.
+uint64_t AddedMetadataBytes(const RunState& run, const wire::RunAnnounce& a) {
+  uint64_t n = 0;
+  if (run.job_id.empty() && a.job_id()) n += a.job_id()->size();
+  if (run.framework.empty() && a.framework()) n += a.framework()->size();
+  auto pairs = [&n](const std::vector<std::pair<std::string, std::string>>& field,
+                    const flatbuffers::Vector<flatbuffers::Offset<wire::KeyValue>>* v) {
+    if (v == nullptr) return;
+    for (const auto* e : *v) {
+      if (e->key() == nullptr) continue;
+      const auto key = e->key()->string_view();
+      const bool known = std::any_of(field.begin(), field.end(),
+                                     [&key](const auto& kv) { return kv.first == key; });
+      if (!known) n += key.size() + (e->value() ? e->value()->size() : 0);
+    }
+  };
+  pairs(run.determinism, a.determinism());
+  pairs(run.versions, a.versions());
+  pairs(run.environment, a.environment());
+  return n;
+}
+
 std::vector<std::pair<std::string, std::string>> Pairs(
     const flatbuffers::Vector<flatbuffers::Offset<wire::KeyValue>>* kv) {
   std::vector<std::pair<std::string, std::string>> out;
@@ -102,7 +174,7 @@ struct Ingest::Group {
   StoreBatch batch;
   std::vector<PendingAck> acks;
   size_t duplicates = 0;
-  std::vector<RunState> publish;            // durable state of runs this group touched
+  std::vector<RunUpdate> publish;  // what this group changed, published once durable
   std::vector<DeleteRequest> deletes;
   Status result;
   // Metrics to add once durable.
@@ -140,7 +212,18 @@ Ingest::~Ingest() {
 
 Status Ingest::Start() {
   OPGUARD_RETURN_IF_ERROR(store_->LoadRegistry(&working_, &next_run_id_));
-  for (const auto& [name, run] : working_) id_to_name_[run.id] = name;
+  for (auto& [name, run] : working_) {
+    id_to_name_[run.id] = name;
+    working_ranks_ += run.ranks.size();
+    if (run.world_size > config_.max_world_size) {
+      // Stored before the limit existed: queries would size their answers by it.
+      OPGUARD_LOG(LogLevel::kWarn, "run '" + name + "': stored world size " +
+                                       std::to_string(run.world_size) +
+                                       " exceeds ingest.max_world_size; treated as unknown");
+      run.world_size = 0;
+      dirty_meta_.insert(run.id);
+    }
+  }
   registry_->Reset(working_);
 
   wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -205,12 +288,23 @@ void Ingest::ReceiverLoop() {
   pthread_setname_np(pthread_self(), "og-ingest");
   std::vector<zmq::message_t> frames;
   while (true) {
-    receiver_beat_ns_ = SteadyNs();
+    const int64_t now = SteadyNs();
+    receiver_beat_ns_ = now;
     const bool stopping = stop_.load();
-    const bool full = open_->batch.bytes() >= config_.max_group_bytes;
+    const bool full = Full();
+    metrics_->inflight_bytes.store(open_->bytes + committing_bytes_, std::memory_order_relaxed);
+    if (full != (paused_since_ns_ != 0)) {
+      if (!full) {
+        metrics_->ingest_paused_micros.fetch_add(
+            static_cast<uint64_t>((now - paused_since_ns_) / 1000), std::memory_order_relaxed);
+      }
+      paused_since_ns_ = full ? now : 0;
+    }
     zmq::pollitem_t items[2] = {{nullptr, wake_fd_, ZMQ_POLLIN, 0},
                                 {static_cast<void*>(*socket_), 0, ZMQ_POLLIN, 0}};
-    // Backpressure: a full group stops reading until the committer is free.
+    // Backpressure: a full budget stops reading until the committer is done;
+    // ZeroMQ then queues at most ingest.hwm messages per sender and leaves
+    // the rest in the senders' buffers.
     const int nitems = (stopping || full || failed_) ? 1 : 2;
     try {
       zmq::poll(items, nitems, std::chrono::milliseconds(100));
@@ -226,7 +320,7 @@ void Ingest::ReceiverLoop() {
     HandleDeleteRequests();
     if (nitems == 2 && (items[1].revents & ZMQ_POLLIN)) {
       // Read a bounded burst, then go round to keep commits flowing.
-      for (int i = 0; i < 256 && open_->batch.bytes() < config_.max_group_bytes; ++i) {
+      for (int i = 0; i < 256 && !Full(); ++i) {
         frames.clear();
         zmq::recv_result_t got;
         try {
@@ -254,6 +348,13 @@ void Ingest::ReceiverLoop() {
   for (auto& r : delete_requests_) r.done->set_value(Unavailable("daemon is shutting down"));
   delete_requests_.clear();
   socket_.reset();  // lingers up to 1 s so the last acks leave
+}
+
+// The in-flight budget: batches received and not yet acknowledged (the open
+// group and the one being written), and one group's size.
+bool Ingest::Full() const {
+  return open_->bytes + committing_bytes_ >= config_.max_inflight_bytes ||
+         open_->batch.bytes() >= config_.max_group_bytes;
 }
 
 void Ingest::HandleMessage(std::vector<zmq::message_t>& frames) {
@@ -297,12 +398,15 @@ void Ingest::HandleMessage(std::vector<zmq::message_t>& frames) {
   ack.rank = batch->rank();
   ack.session = batch->session();
   ack.seq = batch->seq();
-  if (std::string field = FindInvalidUtf8(*batch); !field.empty()) {
-    return Reject(ack, RejectReason::kInvalidBatch, field + " is not valid UTF-8");
+  if (auto [reason, error] = CheckBatch(*batch, config_); reason != RejectReason::kCount) {
+    return Reject(ack, reason, error);
   }
   if (!ValidRunName(batch->run())) {
     return Reject(ack, RejectReason::kInvalidBatch,
                   "invalid run name (1..200 printable bytes without '/', '?', '#', '%', '\\' or spaces)");
+  }
+  if (std::string error = CheckCapacity(*batch); !error.empty()) {
+    return Reject(ack, RejectReason::kLimit, error);
   }
   try {
     ApplyBatch(static_cast<const uint8_t*>(data), *batch, size, ack);
@@ -363,10 +467,13 @@ void Ingest::ApplyBatch(const uint8_t* buffer, const wire::Batch& batch, size_t 
                         PendingAck& ack) {
   const uint64_t now = WallNs();
   RunState& run = WorkingRun(ack.run, now);
-  RankState& rank = run.ranks[batch.rank()];
+  auto [rank_entry, new_rank] = run.ranks.try_emplace(batch.rank());
+  if (new_rank) ++working_ranks_;
+  RankState& rank = rank_entry->second;
   SessionState& session = rank.sessions[batch.session()];
   if (session.Applied(batch.seq())) return AckResend(run, batch, ack);
-  session.Mark(batch.seq());
+  if (session.Mark(batch.seq()))
+    metrics_->dedup_gaps_given_up.fetch_add(1, std::memory_order_relaxed);
   session.last_ns = now;
   rank.TrimSessions();
   if (const auto* a = batch.announce()) ApplyAnnounce(*a, &run, &rank);
@@ -391,6 +498,36 @@ RunState& Ingest::WorkingRun(const std::string& name, uint64_t now) {
   id_to_name_[found->second.id] = name;
   dirty_meta_.insert(found->second.id);
   return found->second;
+}
+
+// The limits a batch can break given what is stored: runs, ranks (of the
+// run and of all runs) and run metadata bytes. Returns "" when within them.
+std::string Ingest::CheckCapacity(const wire::Batch& batch) const {
+  auto found = working_.find(batch.run()->str());
+  const RunState* run = found == working_.end() ? nullptr : &found->second;
+  if (run == nullptr && working_.size() >= config_.max_runs) {
+    return "the daemon holds ingest.max_runs (" + std::to_string(config_.max_runs) +
+           ") runs; remove some (opguard rm) or set retention";
+  }
+  if (run == nullptr || run->ranks.count(batch.rank()) == 0) {
+    if (run != nullptr && run->ranks.size() >= config_.max_ranks_per_run) {
+      return "the run has ingest.max_ranks_per_run (" + std::to_string(config_.max_ranks_per_run) +
+             ") ranks";
+    }
+    if (working_ranks_ >= config_.max_ranks) {
+      return "the daemon holds ingest.max_ranks (" + std::to_string(config_.max_ranks) +
+             ") ranks of all runs";
+    }
+  }
+  if (const auto* a = batch.announce()) {
+    static const RunState kEmpty;
+    const RunState& r = run != nullptr ? *run : kEmpty;
+    if (r.MetadataBytes() + AddedMetadataBytes(r, *a) > config_.max_run_metadata_bytes) {
+      return "the run's metadata would exceed ingest.max_run_metadata_bytes (" +
+             std::to_string(config_.max_run_metadata_bytes) + ")";
+    }
+  }
+  return "";
 }
 
 // A resend of a batch already applied: change nothing. If it is already
@@ -436,7 +573,13 @@ void Ingest::ApplyAnnounce(const wire::RunAnnounce& a, RunState* run, RankState*
     }
   };
   set_string(&run->job_id, a.job_id());
-  if (run->world_size == 0 && a.world_size()) run->world_size = a.world_size(), changed = true;
+  if (a.world_size() != 0 && a.world_size() != rank->world_size) {
+    rank->world_size = a.world_size();
+    // Only a rank that disagrees with the run costs a count over the ranks.
+    const uint32_t vote =
+        a.world_size() == run->world_size ? run->world_size : run->WorldSizeVote();
+    if (vote != run->world_size) run->world_size = vote, changed = true;
+  }
   set_string(&run->framework, a.framework());
   set_pairs(&run->determinism, a.determinism());
   set_pairs(&run->versions, a.versions());
@@ -480,6 +623,7 @@ void Ingest::HandleDeleteRequests() {
       continue;
     }
     open_->batch.DeleteRun(found->second);
+    working_ranks_ -= found->second.ranks.size();
     request.run_id = found->second.id;
     dirty_ranks_.erase(request.run_id);
     dirty_meta_.erase(request.run_id);
@@ -491,16 +635,30 @@ void Ingest::HandleDeleteRequests() {
 
 void Ingest::SealAndHandOff() {
   Group& g = *open_;
-  std::set<uint64_t> touched(dirty_meta_.begin(), dirty_meta_.end());
-  for (uint64_t id : dirty_meta_) g.batch.PutRunMeta(working_.at(id_to_name_.at(id)));
+  std::map<uint64_t, RunUpdate> updates;
+  for (uint64_t id : dirty_meta_) {
+    RunState& run = working_.at(id_to_name_.at(id));
+    g.batch.PutRunMeta(run);
+    // The metadata without the ranks: moved out and back, never copied.
+    auto ranks = std::move(run.ranks);
+    updates[id].meta = run;
+    run.ranks = std::move(ranks);
+  }
   for (const auto& [id, ranks] : dirty_ranks_) {
     const RunState& run = working_.at(id_to_name_.at(id));
-    for (uint32_t rank : ranks) g.batch.PutRank(id, rank, run.ranks.at(rank));
-    touched.insert(id);
+    for (uint32_t rank : ranks) {
+      g.batch.PutRank(id, rank, run.ranks.at(rank));
+      updates[id].ranks.emplace_back(rank, run.ranks.at(rank));
+    }
   }
-  for (uint64_t id : touched) g.publish.push_back(working_.at(id_to_name_.at(id)));
+  for (auto& [id, u] : updates) {
+    u.id = id;
+    u.name = id_to_name_.at(id);
+    g.publish.push_back(std::move(u));
+  }
   dirty_meta_.clear();
   dirty_ranks_.clear();
+  committing_bytes_ = g.bytes;
   {
     std::lock_guard<std::mutex> lock(handoff_mu_);
     to_commit_ = std::move(open_);
@@ -522,6 +680,7 @@ void Ingest::DrainCommitted() {
   }
   for (auto& group : done) {
     committer_busy_ = false;
+    committing_bytes_ = 0;
     if (!group->result.ok()) {
       // Nothing of this group is acknowledged; the shims resend. The working
       // registry is now ahead of the store, so the daemon stops taking data

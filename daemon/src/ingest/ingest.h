@@ -9,9 +9,10 @@
 //     back through an eventfd.
 //
 // Bounded: at most one group is being written and one is filling; when the
-// filling group reaches ingest.max_group_bytes the receiver stops reading the
-// socket, ZeroMQ's queues fill to their HWM and the shims' own bounded
-// buffers take over (they never block training).
+// two hold ingest.max_inflight_bytes of batches (or the filling group reaches
+// ingest.max_group_bytes) the receiver stops reading the socket, ZeroMQ's
+// queues fill to their HWM (ingest.hwm messages per sender) and the shims' own
+// bounded buffers take over (they never block training).
 //
 // Counters and dedup state (per run, rank and shim session: which batch seqs
 // were applied) are persisted in the same WriteBatch as the records, so after
@@ -86,6 +87,7 @@ class Ingest final : public RunWriter {
   };
 
   void ReceiverLoop();
+  bool Full() const;
   void CommitterLoop();
   void HandleMessage(std::vector<zmq::message_t>& frames);
   void Reject(PendingAck& ack, RejectReason reason, const std::string& error);
@@ -95,6 +97,7 @@ class Ingest final : public RunWriter {
   // The steps of one verified batch. `buffer`: the message that holds it.
   void ApplyBatch(const uint8_t* buffer, const wire::Batch& batch, size_t bytes, PendingAck& ack);
   RunState& WorkingRun(const std::string& name, uint64_t now);
+  std::string CheckCapacity(const wire::Batch& batch) const;
   void AckResend(const RunState& run, const wire::Batch& batch, PendingAck& ack);
   void ApplyAnnounce(const wire::RunAnnounce& a, RunState* run, RankState* rank);
   void CountBatch(const RecordCounts& records, size_t bytes, uint64_t now, const wire::Batch& batch,
@@ -117,12 +120,15 @@ class Ingest final : public RunWriter {
   std::map<std::string, RunState> working_;
   std::map<uint64_t, std::string> id_to_name_;
   uint64_t next_run_id_ = 1;
+  uint64_t working_ranks_ = 0;  // ranks of all working runs
   std::map<uint64_t, std::set<uint32_t>> dirty_ranks_;
   std::set<uint64_t> dirty_meta_;
   std::set<std::string> exception_kinds_logged_;  // receiver thread
   std::unique_ptr<Group> open_;
   std::unique_ptr<Group> spare_;  // a committed group, kept for reuse
   bool committer_busy_ = false;
+  uint64_t committing_bytes_ = 0;  // message bytes of the group being written
+  int64_t paused_since_ns_ = 0;    // when reading stopped for the budget (0: reading)
   BatchWriter writer_;
 
   // Receiver <-> committer handoff.

@@ -100,8 +100,12 @@ int HttpStatus(const Status& st) {
 // One connection: read a request, answer, repeat while keep-alive.
 class Session : public std::enable_shared_from_this<Session> {
  public:
+  // metrics->http_connections counts live sessions (the server's cap reads it).
   Session(tcp::socket socket, QueryService* service, Metrics* metrics, Store* store)
-      : stream_(std::move(socket)), service_(service), metrics_(metrics), store_(store) {}
+      : stream_(std::move(socket)), service_(service), metrics_(metrics), store_(store) {
+    metrics_->http_connections.fetch_add(1, std::memory_order_relaxed);
+  }
+  ~Session() { metrics_->http_connections.fetch_sub(1, std::memory_order_relaxed); }
 
   void Start() { Read(); }
 
@@ -322,6 +326,7 @@ Status HttpServer::Start(const std::string& address) {
 }
 
 void HttpServer::Stop() {
+  retry_.cancel();
   if (acceptor_) {
     beast::error_code ec;
     acceptor_->close(ec);
@@ -329,11 +334,30 @@ void HttpServer::Stop() {
   }
 }
 
+// At max_connections, or out of file descriptors, the server stops
+// accepting for a while: waiting clients stay in the kernel's backlog, and
+// the descriptors the ingest socket and the store need stay free.
 void HttpServer::Accept() {
+  if (!acceptor_) return;
+  if (metrics_->http_connections.load(std::memory_order_relaxed) >= max_connections_)
+    return BackOff();
   acceptor_->async_accept(asio::make_strand(*io_), [this](beast::error_code ec, tcp::socket socket) {
     if (ec == asio::error::operation_aborted || !acceptor_) return;
     if (!ec) std::make_shared<Session>(std::move(socket), service_, metrics_, store_)->Start();
+    using boost::system::errc::errc_t;
+    for (errc_t out_of : {errc_t::too_many_files_open, errc_t::too_many_files_open_in_system,
+                          errc_t::no_buffer_space, errc_t::not_enough_memory}) {
+      if (ec == out_of) return BackOff();
+    }
     Accept();
+  });
+}
+
+void HttpServer::BackOff() {
+  metrics_->http_accept_backoffs.fetch_add(1, std::memory_order_relaxed);
+  retry_.expires_after(std::chrono::milliseconds(100));
+  retry_.async_wait([this](beast::error_code ec) {
+    if (!ec) Accept();
   });
 }
 

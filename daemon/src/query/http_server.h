@@ -19,6 +19,7 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
 
 #include <functional>
 #include <memory>
@@ -55,14 +56,19 @@ class HttpServer {
   // The bound "HOST:PORT".
   std::string address() const { return address_; }
   void Stop();
+  // Connections served at once (http.max_connections); before Start.
+  void SetMaxConnections(uint64_t n) { max_connections_ = n; }
 
  private:
   void Accept();
+  void BackOff();  // accepts again 100 ms later
+  uint64_t max_connections_ = 64;
   boost::asio::io_context* io_;
   QueryService* service_;
   Metrics* metrics_;
   Store* store_;
   std::unique_ptr<boost::asio::ip::tcp::acceptor> acceptor_;
+  boost::asio::steady_timer retry_{*io_};
   std::string address_;
 };
 

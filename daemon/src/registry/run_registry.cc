@@ -29,14 +29,24 @@ void RunRegistry::Reset(std::map<std::string, RunState> runs) {
   runs_ = std::move(runs);
 }
 
-void RunRegistry::Publish(std::vector<RunState>* runs,
+void RunRegistry::Publish(std::vector<RunUpdate>* updates,
                           const std::vector<std::pair<std::string, uint64_t>>& deleted) {
   std::unique_lock<std::shared_mutex> lock(mu_);
   for (const auto& [name, id] : deleted) {
     auto it = runs_.find(name);
     if (it != runs_.end() && it->second.id == id) runs_.erase(it);
   }
-  for (auto& run : *runs) runs_[run.name] = std::move(run);
+  for (auto& u : *updates) {
+    auto it = runs_.find(u.name);
+    const bool known = it != runs_.end() && it->second.id == u.id;
+    if (u.meta) {
+      if (known) u.meta->ranks = std::move(it->second.ranks);
+      it = runs_.insert_or_assign(u.name, std::move(*u.meta)).first;
+    } else if (!known) {
+      continue;  // a run's first update carries its metadata; this one was removed since
+    }
+    for (auto& [rank, state] : u.ranks) it->second.ranks[rank] = std::move(state);
+  }
 }
 
 }  // namespace opguard::daemon

@@ -22,6 +22,16 @@
 
 namespace opguard::daemon {
 
+// What one group commit changed in a run: its metadata (a run without
+// ranks) when that changed or the run is new, and the ranks it touched. A
+// group publishes only these, so its cost does not grow with the run.
+struct RunUpdate {
+  uint64_t id = 0;
+  std::string name;
+  std::optional<RunState> meta;
+  std::vector<std::pair<uint32_t, RankState>> ranks;
+};
+
 class RunRegistry {
  public:
   // Any thread: copies of the durable state.
@@ -31,10 +41,11 @@ class RunRegistry {
 
   // The durable state loaded from the store. Main thread, before ingest starts.
   void Reset(std::map<std::string, RunState> runs);
-  // Once a group commit is durable: `runs` replace their published state and
-  // `deleted` (name, id) are removed. Ingest's receiver thread only (the one
+  // Once a group commit is durable: `deleted` (name, id) are removed, then
+  // `updates` applied (moved from). Ingest's receiver thread only (the one
   // writer, so it may read through Writer() without a lock).
-  void Publish(std::vector<RunState>* runs, const std::vector<std::pair<std::string, uint64_t>>& deleted);
+  void Publish(std::vector<RunUpdate>* updates,
+               const std::vector<std::pair<std::string, uint64_t>>& deleted);
   // The published map, for the writer's own lock-free reads (see Publish).
   const std::map<std::string, RunState>& Writer() const { return runs_; }
 

@@ -4,17 +4,35 @@
 
 namespace opguard::daemon {
 
-void SessionState::Mark(uint64_t seq) {
-  if (seq < contiguous) return;
-  if (seq == contiguous) {
-    ++contiguous;
-    while (!above.empty() && *above.begin() == contiguous) {
-      above.erase(above.begin());
-      ++contiguous;
-    }
+bool SessionState::Applied(uint64_t seq) const {
+  if (seq < contiguous) return true;
+  auto next = above.upper_bound(seq);
+  return next != above.begin() && seq < std::prev(next)->second;
+}
+
+bool SessionState::Mark(uint64_t seq) {
+  if (Applied(seq)) return false;
+  auto next = above.upper_bound(seq);
+  if (next != above.begin() && std::prev(next)->second == seq) {
+    ++std::prev(next)->second;  // extends the range below
   } else {
-    above.insert(seq);
+    next = std::next(above.emplace_hint(next, seq, seq + 1));
   }
+  auto range = std::prev(next);
+  if (next != above.end() && next->first == range->second) {  // joins the range above
+    range->second = next->second;
+    above.erase(next);
+  }
+  bool gave_up = false;
+  if (above.size() > kMaxRanges) {
+    contiguous = above.begin()->first;
+    gave_up = true;
+  }
+  if (!above.empty() && above.begin()->first == contiguous) {
+    contiguous = above.begin()->second;
+    above.erase(above.begin());
+  }
+  return gave_up;
 }
 
 void RankState::TrimSessions() {
@@ -24,6 +42,27 @@ void RankState::TrimSessions() {
     });
     sessions.erase(oldest);
   }
+}
+
+uint32_t RunState::WorldSizeVote() const {
+  std::map<uint32_t, uint32_t> votes;
+  for (const auto& [rank, r] : ranks) {
+    if (r.world_size != 0) ++votes[r.world_size];
+  }
+  uint32_t best = world_size;
+  uint32_t best_votes = votes.count(world_size) ? votes[world_size] : 0;
+  for (const auto& [size, n] : votes) {
+    if (n > best_votes) best = size, best_votes = n;
+  }
+  return best;
+}
+
+uint64_t RunState::MetadataBytes() const {
+  uint64_t n = job_id.size() + framework.size();
+  for (const auto* list : {&determinism, &versions, &environment}) {
+    for (const auto& [k, v] : *list) n += k.size() + v.size();
+  }
+  return n;
 }
 
 uint64_t RunState::LastNs() const {

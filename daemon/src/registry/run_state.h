@@ -10,22 +10,27 @@
 
 #include <cstdint>
 #include <map>
-#include <set>
 #include <string>
 #include <vector>
 
 namespace opguard::daemon {
 
-// Which batches of one shim session have been applied. Batches usually
-// arrive in order, so this is a contiguous prefix plus the few seqs above it
-// that arrived early (resends after a reconnect can come out of order).
+// Which batches of one shim session have been applied: a contiguous prefix
+// plus ranges of seqs above it. Batches usually arrive in order; a missing
+// seq (a rejected batch, a run removed while its job still sends) leaves one
+// range that then grows at its end, so marking and persisting stay O(1) per
+// batch. At most kMaxRanges ranges are kept: beyond that the lowest gap is
+// given up (its seqs count as applied), which bounds the state.
 struct SessionState {
-  uint64_t contiguous = 0;       // every seq < contiguous was applied
-  std::set<uint64_t> above;      // applied seqs > contiguous
-  uint64_t last_ns = 0;          // for dropping old sessions
+  static constexpr size_t kMaxRanges = 64;
 
-  bool Applied(uint64_t seq) const { return seq < contiguous || above.count(seq) != 0; }
-  void Mark(uint64_t seq);
+  uint64_t contiguous = 0;             // every seq < contiguous was applied
+  std::map<uint64_t, uint64_t> above;  // applied [first, end) ranges > contiguous, apart
+  uint64_t last_ns = 0;                // for dropping old sessions
+
+  bool Applied(uint64_t seq) const;
+  // Returns true when marking `seq` gave up a gap (see kMaxRanges).
+  bool Mark(uint64_t seq);
 };
 
 struct RankState {
@@ -42,6 +47,7 @@ struct RankState {
   std::string node;
   uint32_t local_rank = 0;
   uint64_t pid = 0;
+  uint32_t world_size = 0;        // as this rank announced it (0: never announced)
   bool ended = false;
   std::map<uint64_t, SessionState> sessions;
 
@@ -54,7 +60,7 @@ struct RunState {
   uint64_t id = 0;
   std::string name;
   std::string job_id;
-  uint32_t world_size = 0;
+  uint32_t world_size = 0;        // the one most ranks announced (see WorldSizeVote)
   std::string framework;
   uint64_t start_ns = 0;          // earliest announce start (or first batch)
   uint64_t created_ns = 0;
@@ -62,6 +68,11 @@ struct RunState {
   std::map<uint32_t, RankState> ranks;
 
   uint64_t LastNs() const;        // latest record of any rank
+  // The world size announced by the most ranks; ties keep `world_size`, so a
+  // first (wrong or hostile) announce is outvoted by the ranks that follow.
+  uint32_t WorldSizeVote() const;
+  // Bytes of the metadata the run holds (job id, framework, settings).
+  uint64_t MetadataBytes() const;
 };
 
 }  // namespace opguard::daemon

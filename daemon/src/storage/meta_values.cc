@@ -5,8 +5,10 @@ namespace opguard::daemon {
 nlohmann::json RankToJson(const RankState& r) {
   nlohmann::json sessions = nlohmann::json::array();
   for (const auto& [id, s] : r.sessions) {
-    sessions.push_back({{"id", id}, {"contiguous", s.contiguous}, {"above", s.above},
-                        {"last_ns", s.last_ns}});
+    nlohmann::json ranges = nlohmann::json::array();
+    for (const auto& [first, end] : s.above) ranges.push_back({first, end});
+    sessions.push_back(
+        {{"id", id}, {"contiguous", s.contiguous}, {"ranges", ranges}, {"last_ns", s.last_ns}});
   }
   return {{"ops", r.ops},
           {"collectives", r.collectives},
@@ -21,6 +23,7 @@ nlohmann::json RankToJson(const RankState& r) {
           {"node", r.node},
           {"local_rank", r.local_rank},
           {"pid", r.pid},
+          {"world_size", r.world_size},
           {"ended", r.ended},
           {"sessions", sessions}};
 }
@@ -40,13 +43,20 @@ RankState RankFromJson(const nlohmann::json& j) {
   r.node = j.value("node", std::string());
   r.local_rank = j.value("local_rank", uint32_t{0});
   r.pid = j.value("pid", uint64_t{0});
+  r.world_size = j.value("world_size", uint32_t{0});
   r.ended = j.value("ended", false);
   if (j.contains("sessions")) {
     for (const auto& s : j["sessions"]) {
       SessionState state;
       state.contiguous = s.value("contiguous", uint64_t{0});
       state.last_ns = s.value("last_ns", uint64_t{0});
-      if (s.contains("above")) state.above = s["above"].get<std::set<uint64_t>>();
+      if (s.contains("ranges")) {
+        for (const auto& range : s["ranges"])
+          state.above.emplace(range.at(0).get<uint64_t>(), range.at(1).get<uint64_t>());
+      }
+      if (s.contains("above")) {  // before ranges: every applied seq above contiguous
+        for (uint64_t seq : s["above"].get<std::vector<uint64_t>>()) state.Mark(seq);
+      }
       r.sessions[s.value("id", uint64_t{0})] = std::move(state);
     }
   }

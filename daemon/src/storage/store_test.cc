@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "opguard/daemon/testing/batch_maker.h"
+#include "storage/meta_values.h"
 #include "storage/temp_store.h"
 
 namespace opguard::daemon {
@@ -97,6 +98,52 @@ TEST(SessionState, ContiguousPrefixAndOutOfOrder) {
   EXPECT_TRUE(s.above.empty());
   s.Mark(0);
   EXPECT_EQ(s.contiguous, 2u);
+}
+
+TEST(SessionState, OneMissingSeqLeavesOneRangeThatGrows) {
+  SessionState s;
+  for (uint64_t seq = 1; seq <= 10000; ++seq) EXPECT_FALSE(s.Mark(seq));
+  EXPECT_EQ(s.contiguous, 0u);
+  ASSERT_EQ(s.above.size(), 1u);
+  EXPECT_EQ(s.above.begin()->first, 1u);
+  EXPECT_EQ(s.above.begin()->second, 10001u);
+  EXPECT_TRUE(s.Applied(5000));
+  EXPECT_FALSE(s.Applied(0));
+  EXPECT_FALSE(s.Applied(10001));
+  s.Mark(0);  // the late batch closes the gap
+  EXPECT_EQ(s.contiguous, 10001u);
+  EXPECT_TRUE(s.above.empty());
+}
+
+TEST(SessionState, ManyGapsGiveUpTheLowestAndStayBounded) {
+  SessionState s;
+  for (uint64_t i = 0; i < SessionState::kMaxRanges; ++i) EXPECT_FALSE(s.Mark(2 * i + 1));
+  EXPECT_EQ(s.above.size(), SessionState::kMaxRanges);
+  EXPECT_FALSE(s.Applied(0));
+  EXPECT_TRUE(s.Mark(2 * SessionState::kMaxRanges + 1));  // one gap too many
+  EXPECT_EQ(s.above.size(), SessionState::kMaxRanges);
+  EXPECT_EQ(s.contiguous, 2u);  // seq 0 given up: a late resend counts as applied
+  EXPECT_TRUE(s.Applied(0));
+  EXPECT_FALSE(s.Applied(2));
+  s.Mark(2);  // joins the ranges on both sides
+  EXPECT_EQ(s.contiguous, 4u);
+}
+
+TEST(SessionState, RangesAndTheOlderSeqListRoundTrip) {
+  RankState rank;
+  rank.world_size = 16;
+  rank.sessions[3].Mark(0);
+  rank.sessions[3].Mark(5);
+  rank.sessions[3].Mark(6);
+  RankState back = RankFromJson(RankToJson(rank));
+  EXPECT_EQ(back.world_size, 16u);
+  EXPECT_EQ(back.sessions[3].contiguous, 1u);
+  EXPECT_EQ(back.sessions[3].above, (std::map<uint64_t, uint64_t>{{5, 7}}));
+  // Stores written before ranges kept every applied seq above the prefix.
+  auto old =
+      nlohmann::json::parse(R"({"sessions": [{"id": 3, "contiguous": 1, "above": [5, 6, 9]}]})");
+  RankState loaded = RankFromJson(old);
+  EXPECT_EQ(loaded.sessions[3].above, (std::map<uint64_t, uint64_t>{{5, 7}, {9, 10}}));
 }
 
 TEST(Store, DeletingARunGivesItsBlobFilesBack) {

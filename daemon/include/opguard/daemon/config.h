@@ -23,6 +23,7 @@ struct Config {
   std::string ingest = "ipc:///run/opguard/ingest.sock";
   std::string listen = "tcp://127.0.0.1:7455";
   std::string http = "127.0.0.1:7456";  // empty: HTTP disabled; port 0: any free port
+  uint32_t http_max_connections = 64;   // at most a quarter of the file descriptor limit
   std::vector<std::string> peers;
   LogLevel log_level = LogLevel::kInfo;
 
@@ -30,7 +31,16 @@ struct Config {
   uint64_t max_message_bytes = 64u << 20;  // larger batches get a Rejected ack
   uint64_t max_group_bytes = 64u << 20;    // one group commit (and the backlog behind it)
   uint32_t ingest_socket_mode = 0666;      // permissions of an ipc:// ingest socket
-  uint32_t ingest_hwm = 32;                // ZeroMQ receive queue per sender, in messages
+  uint32_t ingest_hwm = 4;                 // ZeroMQ receive queue per sender, in messages
+  // What senders can make the daemon hold (docs/daemon.md, Limits): a batch
+  // beyond one of these gets a Rejected ack (reason "limit").
+  uint64_t max_inflight_bytes = 128u << 20;  // received, not yet acknowledged; then reading stops
+  uint32_t max_world_size = 1u << 17;        // announced world size and rank index
+  uint32_t max_runs = 10000;
+  uint32_t max_ranks_per_run = 8192;
+  uint32_t max_ranks = 1u << 17;             // ranks of all runs together
+  uint64_t max_string_bytes = 64u << 10;     // any one text of a batch
+  uint64_t max_run_metadata_bytes = 64u << 10;  // job id, framework and settings of a run together
 
   // Storage.
   uint64_t write_buffer_bytes = 64u << 20;    // per memtable of the ops column family

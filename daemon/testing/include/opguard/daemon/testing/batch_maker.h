@@ -121,8 +121,9 @@ class DaemonProcess {
   std::string query() const { return "ipc://" + dir_ + "/query.sock"; }
   std::string data_dir() const { return dir_ + "/data"; }
   const std::string& http() const { return http_; }  // HOST:PORT from its status
-  // VmHWM of the running process in bytes (0 if unknown).
+  // VmHWM (peak) and VmRSS (now) of the running process in bytes (0 if unknown).
   uint64_t PeakRssBytes() const;
+  uint64_t RssBytes() const;
   const std::string& log_path() const { return log_; }
 
  private:
@@ -130,6 +131,10 @@ class DaemonProcess {
   std::vector<std::string> args_;
   pid_t pid_ = -1;
 };
+
+// CPU seconds (user + system) process `pid` has used so far (0 if unknown):
+// on a shared machine steadier than wall time.
+double ProcessCpuSeconds(pid_t pid);
 
 // Minimal blocking HTTP GET against HOST:PORT; returns status and body.
 struct HttpResult {

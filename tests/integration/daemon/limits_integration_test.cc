@@ -1,0 +1,313 @@
+// opguardd under hostile numbers (issue 21, problems 3-5), against a real
+// daemon process: what a sender announces does not size the daemon's memory,
+// a missing batch seq does not make deduplication quadratic, ingest stops
+// reading at its byte budget, and idle HTTP connections do not starve the
+// training jobs' connections of file descriptors.
+//
+// OPGUARDD_UNDER_TEST=PATH runs these against another opguardd build.
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "opguard/daemon/client.h"
+#include "opguard/daemon/testing/batch_maker.h"
+#include "opguard/idl/envelope.h"
+
+namespace opguard::daemon {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+using testing::BatchOptions;
+
+std::string Opguardd() {
+  const char* other = std::getenv("OPGUARDD_UNDER_TEST");
+  return other != nullptr && *other != '\0' ? other : OPGUARDD_PATH;
+}
+
+class LimitsTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<testing::DaemonProcess> StartDaemon(std::vector<std::string> args = {},
+                                             const std::string& binary = Opguardd()) {
+    auto d = std::make_unique<testing::DaemonProcess>(binary, dir_.path(), std::move(args));
+    Status st = d->Start();
+    EXPECT_TRUE(st.ok()) << st.message();
+    return d;  // the test asserts Running() before using it
+  }
+
+  // Still up after what the test did, and stops cleanly.
+  static void StopCleanly(testing::DaemonProcess& d) {
+    EXPECT_TRUE(d.Running());
+    EXPECT_EQ(d.Stop(), 0);
+  }
+
+  static std::string Ack(testing::DaemonProcess& d, const std::string& frame) {
+    auto reply = testing::SendRaw(d.ingest(), frame, 10s);
+    return reply.ok() ? testing::DescribeAck(*reply) : "no ack: " + reply.status().message();
+  }
+
+  static void ExpectRejected(testing::DaemonProcess& d, const std::string& frame, const std::string& error) {
+    const std::string ack = Ack(d, frame);
+    EXPECT_EQ(ack.rfind("rejected: ", 0), 0u) << ack;
+    EXPECT_NE(ack.find(error), std::string::npos) << ack;
+  }
+
+  static double Metric(testing::DaemonProcess& d, const std::string& name_and_labels) {
+    auto metrics = testing::HttpGet(d.http(), "/metrics");
+    if (!metrics.ok()) return -1;
+    auto pos = metrics->body.find("\n" + name_and_labels + " ");
+    if (pos == std::string::npos) return -1;
+    return std::stod(metrics->body.substr(pos + name_and_labels.size() + 2));
+  }
+
+  static nlohmann::json Run(testing::DaemonProcess& d, const std::string& name) {
+    auto r = testing::HttpGet(d.http(), "/api/runs/" + name);
+    if (!r.ok() || r->status != 200) return nullptr;
+    return nlohmann::json::parse(r->body);
+  }
+
+  testing::TempDir dir_;
+};
+
+BatchOptions Announce(uint32_t world_size) {
+  BatchOptions o;
+  o.announce = o.definitions = true;
+  o.world_size = world_size;
+  return o;
+}
+
+// World size 2e7 used to be accepted, fixed for good by the first announce,
+// and a collectives query then built every expected rank (19 MB -> 2.4 GB).
+TEST_F(LimitsTest, AHugeWorldSizeIsRejectedAndQueriesStayCheap) {
+  auto d = StartDaemon();
+  ASSERT_TRUE(d->Running());
+  ExpectRejected(*d, testing::MakeBatch("huge", 0, 1, 0, 0, 10, Announce(20000000)),
+                 "ingest.max_world_size");
+  ExpectRejected(*d, testing::MakeBatch("huge", 4000000000u, 2, 0, 0, 10, {}),
+                 "ingest.max_world_size");
+  ExpectRejected(*d, testing::MakeBatch("huge", 9, 3, 0, 0, 10, Announce(8)),
+                 "outside the world size 8");
+  // The same run from a sane rank: accepted, and its world size is the sane one.
+  EXPECT_EQ(Ack(*d, testing::MakeBatch("huge", 0, 4, 0, 0, 10, Announce(8))), "durable");
+  const uint64_t rss_before = d->RssBytes();
+  auto collectives = testing::HttpGet(d->http(), "/api/runs/huge/collectives", 60s);
+  ASSERT_TRUE(collectives.ok()) << collectives.status().message();
+  EXPECT_EQ(collectives->status, 200) << collectives->body;
+  EXPECT_EQ(Run(*d, "huge")["world_size"], 8);
+  std::printf("daemon RSS around the collectives query: %.1f -> %.1f MiB\n", rss_before / 1048576.0,
+              d->RssBytes() / 1048576.0);
+  // Growth, not the total: sanitizer builds start far larger.
+  EXPECT_LT(d->RssBytes(), rss_before + (200u << 20)) << "the daemon's memory followed an announced number";
+  EXPECT_EQ(Metric(*d, "opguard_batches_rejected_total{reason=\"limit\"}"), 2);
+  EXPECT_EQ(Metric(*d, "opguard_batches_rejected_total{reason=\"invalid_batch\"}"), 1);
+  StopCleanly(*d);
+}
+
+// A first announce with a wrong world size is outvoted by the ranks that follow.
+TEST_F(LimitsTest, TheFirstAnnounceDoesNotFixTheWorldSize) {
+  auto d = StartDaemon();
+  ASSERT_TRUE(d->Running());
+  EXPECT_EQ(Ack(*d, testing::MakeBatch("vote", 1, 1, 0, 0, 10, Announce(100000))), "durable");
+  EXPECT_EQ(Run(*d, "vote")["world_size"], 100000);
+  for (uint32_t rank : {0u, 2u, 3u}) {
+    EXPECT_EQ(Ack(*d, testing::MakeBatch("vote", rank, 10 + rank, 0, 0, 10, Announce(4))),
+              "durable");
+  }
+  EXPECT_EQ(Run(*d, "vote")["world_size"], 4);
+  // The vote is persisted with the ranks.
+  EXPECT_EQ(d->Stop(), 0);
+  d = StartDaemon();
+  ASSERT_TRUE(d->Running());
+  EXPECT_EQ(Run(*d, "vote")["world_size"], 4);
+  StopCleanly(*d);
+}
+
+TEST_F(LimitsTest, RunsRanksAndStringsAreCapped) {
+  auto d = StartDaemon({"--ingest.max-runs", "3", "--ingest.max-ranks-per-run", "2",
+                        "--ingest.max-ranks", "5", "--ingest.max-string-bytes", "1KiB",
+                        "--ingest.max-run-metadata-bytes", "4KiB"});
+  ASSERT_TRUE(d->Running());
+  ASSERT_TRUE(d->Running());
+  for (const char* run : {"a", "b", "c"})
+    EXPECT_EQ(Ack(*d, testing::MakeBatch(run, 0, 1, 0, 0, 10, {})), "durable");
+  ExpectRejected(*d, testing::MakeBatch("d", 0, 1, 0, 0, 10, {}), "ingest.max_runs (3)");
+  EXPECT_EQ(Ack(*d, testing::MakeBatch("a", 1, 1, 0, 0, 10, {})), "durable");
+  ExpectRejected(*d, testing::MakeBatch("a", 2, 1, 0, 0, 10, {}), "ingest.max_ranks_per_run (2)");
+  EXPECT_EQ(Ack(*d, testing::MakeBatch("b", 1, 1, 0, 0, 10, {})), "durable");
+  ExpectRejected(*d, testing::MakeBatch("c", 1, 1, 0, 0, 10, {}), "ingest.max_ranks (5)");
+  // A known rank of a full run still sends.
+  EXPECT_EQ(Ack(*d, testing::MakeBatch("a", 1, 1, 1, 10, 10, {})), "durable");
+
+  BatchOptions long_value = Announce(8);
+  long_value.determinism = {{"note", std::string(1500, 'x')}};
+  ExpectRejected(*d, testing::MakeBatch("a", 0, 1, 2, 20, 10, long_value),
+                 "ingest.max_string_bytes");
+  // Settings merge across announces, up to the run's metadata budget.
+  std::string error;
+  int accepted = 0;
+  for (int i = 0; i < 8 && error.empty(); ++i) {
+    BatchOptions more = Announce(8);
+    more.determinism = {{"key" + std::to_string(i), std::string(900, 'v')}};
+    const std::string ack = Ack(*d, testing::MakeBatch("b", 0, 1, 1 + i, 10 * (1 + i), 10, more));
+    if (ack == "durable")
+      ++accepted;
+    else
+      error = ack;
+  }
+  // 4 KiB holds the announce's own settings and three or four more.
+  EXPECT_GE(accepted, 3);
+  EXPECT_LE(accepted, 4);
+  EXPECT_NE(error.find("ingest.max_run_metadata_bytes"), std::string::npos) << error;
+
+  // Removing a run makes room for another.
+  DaemonClient client(d->query());
+  ASSERT_TRUE(client.DeleteRun("c").ok());
+  EXPECT_EQ(Ack(*d, testing::MakeBatch("d", 0, 1, 0, 0, 10, {})), "durable");
+  EXPECT_EQ(Metric(*d, "opguard_batches_rejected_total{reason=\"limit\"}"), 5);
+  StopCleanly(*d);
+}
+
+// 40 000 one-op batches after one missing seq (the run was removed while its
+// job still sent) used to cost 23 s of daemon CPU against 1 s in order: every
+// group rewrote every seq applied above the gap.
+TEST_F(LimitsTest, DedupAfterAMissingSeqCostsAboutWhatInOrderCosts) {
+  auto d = StartDaemon();
+  ASSERT_TRUE(d->Running());
+  constexpr uint64_t kBatches = 40000;
+  const auto deadline = Clock::now() + 240s;
+  double cpu = testing::ProcessCpuSeconds(d->pid());
+  testing::RankSender in_order(d->ingest(), "in-order", 0, 1, 1);
+  ASSERT_TRUE(in_order.Run(kBatches, deadline, 64).ok());
+  const double in_order_cpu = testing::ProcessCpuSeconds(d->pid()) - cpu;
+
+  testing::RankSender gapped(d->ingest(), "gapped", 0, 2, 1);
+  ASSERT_TRUE(gapped.Run(10, deadline, 8).ok());
+  DaemonClient client(d->query());
+  ASSERT_TRUE(client.DeleteRun("gapped").ok());
+  cpu = testing::ProcessCpuSeconds(d->pid());
+  ASSERT_TRUE(gapped.Run(10 + kBatches, deadline, 64).ok());
+  const double gapped_cpu = testing::ProcessCpuSeconds(d->pid()) - cpu;
+  EXPECT_EQ(gapped.rejected(), 0u);
+  EXPECT_LT(gapped_cpu, 4 * in_order_cpu + 1.0)
+      << "in order " << in_order_cpu << " s, after a gap " << gapped_cpu << " s of daemon CPU";
+  std::printf("daemon CPU for %llu one-op batches: in order %.2f s, after a missing seq %.2f s\n",
+              static_cast<unsigned long long>(kBatches), in_order_cpu, gapped_cpu);
+
+  // Within the window, resends are still dropped.
+  const double duplicates = Metric(*d, "opguard_batches_total{result=\"duplicate\"}");
+  for (uint64_t seq : {uint64_t{10}, uint64_t{20000}, 10 + kBatches - 1}) {
+    EXPECT_EQ(Ack(*d, testing::MakeBatch("gapped", 0, 2, seq, seq, 1, {})), "durable");
+  }
+  EXPECT_EQ(Metric(*d, "opguard_batches_total{result=\"duplicate\"}"), duplicates + 3);
+  EXPECT_EQ(Run(*d, "gapped")["ops"], kBatches);
+  EXPECT_EQ(Metric(*d, "opguard_dedup_gaps_given_up_total"), 0);
+  StopCleanly(*d);
+}
+
+// Senders that outrun the store fill the in-flight budget; the daemon then
+// stops reading instead of holding more.
+TEST_F(LimitsTest, IngestStopsReadingAtItsByteBudget) {
+  constexpr uint64_t kBudget = 4u << 20;
+  auto d = StartDaemon({"--ingest.max-inflight-bytes", "4MiB", "--ingest.hwm", "2"});
+  ASSERT_TRUE(d->Running());
+  constexpr uint32_t kRanks = 6, kBatches = 25, kOps = 2000;  // ~0.7 MiB per batch
+  std::vector<std::unique_ptr<testing::RankSender>> senders;
+  BatchOptions cheap;
+  cheap.reuse_template = true;
+  for (uint32_t r = 0; r < kRanks; ++r) {
+    senders.push_back(std::make_unique<testing::RankSender>(d->ingest(), "budget", r, 100 + r, kOps, cheap));
+  }
+  std::vector<std::thread> threads;
+  std::vector<Status> results(kRanks);
+  for (uint32_t r = 0; r < kRanks; ++r) {
+    threads.emplace_back(
+        [&, r] { results[r] = senders[r]->Run(kBatches, Clock::now() + 120s, 32); });
+  }
+  double most = 0;
+  for (int i = 0;
+       i < 2000 && Metric(*d, "opguard_batches_total{result=\"durable\"}") < kRanks * kBatches;
+       ++i) {
+    most = std::max(most, Metric(*d, "opguard_ingest_inflight_bytes"));
+    std::this_thread::sleep_for(5ms);
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& st : results) ASSERT_TRUE(st.ok()) << st.message();
+  const uint64_t batch_bytes = testing::MakeBatch("budget", 0, 100, 1, kOps, kOps, cheap).size();
+  EXPECT_GT(most, 0);
+  EXPECT_LE(most, static_cast<double>(kBudget + batch_bytes))
+      << "the receiver read past its budget";
+  EXPECT_GT(Metric(*d, "opguard_ingest_paused_seconds_total"), 0);
+  EXPECT_EQ(Run(*d, "budget")["ops"], uint64_t{kRanks} * kBatches * kOps);
+  StopCleanly(*d);
+}
+
+// With 256 file descriptors, 300 idle HTTP connections used to take them all
+// and the next training job's connect hit libzmq's EMFILE assertion.
+TEST_F(LimitsTest, IdleHttpConnectionsDoNotStarveIngest) {
+  rlimit own{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &own), 0);
+  if (own.rlim_cur < 1024 && own.rlim_max >= 1024) {
+    own.rlim_cur = 1024;
+    ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &own), 0);
+  }
+  ASSERT_GE(own.rlim_cur, 512u) << "this test opens 300 connections itself";
+  const std::string wrapper = dir_.path() + "/opguardd-256";
+  {
+    std::ofstream script(wrapper);
+    script << "#!/bin/sh\nexec prlimit --nofile=256:256 -- '" << Opguardd() << "' \"$@\"\n";
+  }
+  ASSERT_EQ(::chmod(wrapper.c_str(), 0755), 0);
+  auto d = StartDaemon({}, wrapper);
+  ASSERT_TRUE(d->Running());
+  const auto colon = d->http().rfind(':');
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(std::stoi(d->http().substr(colon + 1))));
+  ::inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  std::vector<int> idle;
+  for (int i = 0; i < 300; ++i) {
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ASSERT_GE(fd, 0);
+    // Connects complete in the kernel's backlog whether or not the daemon accepts.
+    ::fcntl(fd, F_SETFL, O_NONBLOCK);
+    (void)::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+    idle.push_back(fd);
+  }
+  std::this_thread::sleep_for(500ms);
+  // A training job connects and sends.
+  testing::RankSender job(d->ingest(), "job", 0, 7, 100);
+  EXPECT_TRUE(job.Run(20, Clock::now() + 60s, 4).ok());
+  EXPECT_EQ(job.rejected(), 0u);
+  ASSERT_TRUE(d->Running()) << "the daemon died with 300 idle HTTP connections";
+  for (int fd : idle) ::close(fd);
+  // HTTP serves again once the idle connections are gone.
+  std::optional<Result<testing::HttpResult>> metrics;
+  for (int i = 0; i < 50; ++i) {
+    auto m = testing::HttpGet(d->http(), "/metrics", 2s);
+    if (m.ok()) {
+      metrics = std::move(m);
+      break;
+    }
+    std::this_thread::sleep_for(100ms);
+  }
+  ASSERT_TRUE(metrics.has_value());
+  EXPECT_GT(Metric(*d, "opguard_http_accept_backoffs_total"), 0);
+  EXPECT_EQ(Run(*d, "job")["ops"], 20u * 100);
+  StopCleanly(*d);
+}
+
+}  // namespace
+}  // namespace opguard::daemon
