@@ -20,6 +20,7 @@ PACKAGES=(
   nlohmann-json3-dev                        # JSON reports and HTTP answers
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-dev python3-torch libtorch-dev   # PyTorch adapter and end-to-end tests
+  python3-venv                              # venvs with torch from PyPI (scripts/torch-venv.sh)
   procps psmisc                             # pgrep/kill in integration tests
   systemd                                   # systemd-analyze verify on the unit
 )
@@ -61,3 +62,10 @@ if [[ ! -f "$TORCH2_ROOT/.libtorch-dev-version" ]]; then
     $SUDO "$(dirname "${BASH_SOURCE[0]}")/debian-torch.sh" trixie "$TORCH2_ROOT"
   ) 9>"$LOCK"
 fi
+
+# torch from PyPI, one shared venv per pinned version under /var/cache/opguard
+# (scripts/torch-venv.sh prints the path): the adapter is built and tested
+# against them, and the pip route (`pip install ./python`) is tested there.
+for version in 2.11.0 2.15.0; do
+  "$(dirname "${BASH_SOURCE[0]}")/torch-venv.sh" "$version" >/dev/null
+done

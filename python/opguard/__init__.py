@@ -36,6 +36,8 @@ def _warn(message):
 
 def _load():
     if _state["torch"] is None:
+        import torch
+        _native.check_torch(torch.__version__)
         _state["shim"], _state["torch"] = _native.load()
     return _state["shim"], _state["torch"]
 
@@ -109,6 +111,9 @@ def enable(depth=None):
         if ok:
             os.environ[_RECORDER_VARIABLE] = f"{os.getpid()}:{shim.opguard_rank()}"
         return ok
+    except _native.TorchMismatch as e:
+        _warn(f"{e}; training continues without recording")
+        return False
     except Exception as e:  # never into the training program
         _warn(f"could not enable recording ({e}); training continues without it")
         return False

@@ -68,9 +68,37 @@ def _declare(lib, functions):
     return lib
 
 
+class TorchMismatch(Exception):
+    """The running torch is not the one the adapter was built against."""
+
+
+def built_for_torch():
+    """torch.__version__ of the torch the adapter was compiled against (None
+    in a source tree, where no adapter was built)."""
+    try:
+        from . import _build_info
+    except ImportError:
+        return None
+    return _build_info.TORCH_VERSION
+
+
+def check_torch(version):
+    """Raises TorchMismatch unless `version` (torch.__version__) is the one
+    the adapter was built for: torch's C++ ABI changes between releases, so
+    another torch could fail to load the adapter or, worse, load it and
+    misread torch's objects."""
+    built = built_for_torch()
+    if built is not None and built != version:
+        raise TorchMismatch(
+            f"this opguard was built for torch {built}, but this Python runs torch {version}; "
+            "rebuild it against this torch: pip install --force-reinstall ./python "
+            "(from an OpGuard checkout)")
+
+
 def load():
     """(shim, adapter): both libraries with their functions declared. The
-    shim is loaded globally first: the adapter resolves its symbols there."""
+    shim is loaded globally first: the adapter resolves its symbols there.
+    Call check_torch first."""
     shim = ctypes.CDLL(os.path.join(LIB_DIR, "libopguard_shim.so"), mode=ctypes.RTLD_GLOBAL)
     adapter = ctypes.CDLL(os.path.join(LIB_DIR, "libopguard_torch.so"))
     return _declare(shim, SHIM_FUNCTIONS), _declare(adapter, ADAPTER_FUNCTIONS)

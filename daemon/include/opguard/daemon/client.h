@@ -20,6 +20,8 @@ class socket_t;
 namespace opguard::daemon {
 
 inline constexpr char kDefaultQueryEndpoint[] = "tcp://127.0.0.1:7455";
+// Where the shim sends records unless OPGUARD_ENDPOINT says otherwise.
+inline constexpr char kDefaultIngestEndpoint[] = "ipc:///run/opguard/ingest.sock";
 
 // An answer envelope, owned (the bytes stay alive as long as this does).
 class Answer {
