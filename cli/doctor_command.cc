@@ -114,9 +114,11 @@ struct Doctor {
   DaemonArgs daemon;
   int check = 0;
 
+  // A failed check is a finding, like a divergence (1), not an error of
+  // doctor itself (2: usage).
   int Fail(const std::string& what) const {
     std::fprintf(stderr, "opguard doctor: [%d/4] %s\n", check, what.c_str());
-    return 1;
+    return kExitDiverged;
   }
   void Ok(const std::string& what) const { std::printf("ok [%d/4] %s\n", check, what.c_str()); }
 
@@ -244,7 +246,7 @@ struct Doctor {
 
   int Main() {
     std::string ingest;
-    if (Package() || Adapter() || Daemon(ingest) || RecordedRun(ingest)) return 1;
+    if (Package() || Adapter() || Daemon(ingest) || RecordedRun(ingest)) return kExitDiverged;
     std::printf("OPGUARD=1 records with %s\n", python.c_str());
     return 0;
   }
@@ -254,6 +256,8 @@ std::function<int()> AddDoctor(CLI::App& cmd, const DaemonArgs& top) {
   auto doctor = std::make_shared<Doctor>();
   doctor->daemon.timeout_s = 10;
   AddDaemonOptions(cmd, doctor->daemon, top, /*json=*/false);
+  cmd.footer("Exit codes: 0 every check passed; 1 a check failed (its line says what to do);\n"
+             "2 usage error.");
   cmd.add_option("--python", doctor->python,
                  "the Python interpreter that runs training (default: python3 on PATH)")
       ->option_text("PY");
