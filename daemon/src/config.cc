@@ -119,6 +119,9 @@ std::unique_ptr<CLI::App> MakeApp(Config* c, Flags* flags) {
         return s.empty() || s.rfind(':') != std::string::npos ? std::string()
                                                               : "'" + s + "' is not HOST:PORT";
       });
+  add(kGeneral, "--web-root", c->web_root, "DIR",
+      "the web viewer's files (default: ../share/opguard/web\n"
+      "next to opguardd, or the source tree's web/)");
   add(kGeneral, "--peers", c->peers, "E1,E2,...",
       "query endpoints of the other nodes' daemons\n(cluster queries)")
       ->delimiter(',')

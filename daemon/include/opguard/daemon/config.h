@@ -24,6 +24,9 @@ struct Config {
   std::string listen = "tcp://127.0.0.1:7455";
   std::string http = "127.0.0.1:7456";  // empty: HTTP disabled; port 0: any free port
   std::vector<std::string> peers;
+  // The web viewer's files; empty: found next to the binary
+  // (../share/opguard/web) or in the source tree (query/web_files.h).
+  std::string web_root;
   LogLevel log_level = LogLevel::kInfo;
 
   // Ingest limits.
