@@ -62,18 +62,26 @@ export class VirtualList {
     const exact = bottom ? Math.max(0, this.total - view / this.rowHeight) : top / this.scale / this.rowHeight;
     const first = Math.max(0, Math.floor(exact) - OVERSCAN);
     const last = Math.min(this.total, Math.ceil(exact + view / this.rowHeight) + OVERSCAN);
-    const nodes = [];
+    // Rows already drawn from the same data keep their element (a click or
+    // a selection survives redraws); the rest are built, the others removed.
+    const drawn = new Map();
     for (let i = first; i < last; ++i) {
       const rows = this.page(Math.floor(i / PAGE));
       const row = Array.isArray(rows) ? rows[i % PAGE] : undefined;
-      const node = row === undefined ? el('div', { class: 'vrow loading' }, '…') : this.renderRow(row, i);
-      node.classList.add('vrow');
-      if (i === this.selected) node.classList.add('selected');
-      node.dataset.index = i;
+      const old = this.drawn?.get(i);
+      let node = old && old.row === row ? old.node : null;
+      if (!node) {
+        node = row === undefined ? el('div', { class: 'loading' }, '…') : this.renderRow(row, i);
+        node.classList.add('vrow');
+        node.dataset.index = i;
+        node.style.height = `${this.rowHeight}px`;
+        this.spacer.append(node);
+      }
+      node.classList.toggle('selected', i === this.selected);
       node.style.transform = `translateY(${top + (i - exact) * this.rowHeight}px)`;
-      node.style.height = `${this.rowHeight}px`;
-      nodes.push(node);
+      drawn.set(i, { node, row });
     }
-    this.spacer.replaceChildren(...nodes);
+    for (const [i, { node }] of this.drawn ?? []) if (drawn.get(i)?.node !== node) node.remove();
+    this.drawn = drawn;
   }
 }
