@@ -22,6 +22,7 @@ PACKAGES=(
   python3 python3-dev python3-torch libtorch-dev   # PyTorch adapter and end-to-end tests
   procps psmisc                             # pgrep/kill in integration tests
   systemd                                   # systemd-analyze verify on the unit
+  chromium chromium-driver python3-selenium # browser tests of the web viewer (ctest -L browser)
 )
 
 SUDO=""
