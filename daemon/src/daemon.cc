@@ -187,6 +187,8 @@ int Daemon::Run() {
       OPGUARD_LOG(LogLevel::kWarn, "web viewer not found" +
                                        (c.web_root.empty() ? std::string() : " in " + c.web_root) +
                                        " (no index.html): the HTTP server answers the API only");
+    } else {
+      OPGUARD_LOG(LogLevel::kInfo, "web viewer: " + web_root);
     }
     d.http = std::make_unique<HttpServer>(&d.io, d.service.get(), &d.metrics, d.store.get(), web_root);
     st = d.http->Start(c.http);
