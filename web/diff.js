@@ -1,4 +1,4 @@
-// "/diff?reference=REF&suspect=SUS[&rank=R][&op=N]": the two-run diff. The
+// "/diff?reference=REF&suspect=SUS[&rank=R][&lane=L][&op=N]": the two-run diff. The
 // verdict and its pivot, a ranks × steps overview of where each rank
 // diverged and how it reached the others, then one rank's lane as two
 // aligned lanes (virtualised, paged from /api/alignment), with the first
@@ -81,8 +81,9 @@ export async function diffView(main, params, alive) {
   const lanes = el('section', { id: 'lanes' });
   const panel = el('section', { class: 'panel', id: 'details' }, el('p', { class: 'muted' }, 'Click an op for its details.'));
 
-  async function showRank(rank, op) {
+  async function showRank(rank, op, laneParam) {
     const url = new URLSearchParams({ reference, suspect, rank });
+    if (laneParam !== undefined) url.set('lane', laneParam);
     if (op !== undefined) url.set('op', op);
     navigate(`/diff?${url}`, true);
     const rd = report.ranks.find((r) => r.rank === rank);
@@ -91,12 +92,13 @@ export async function diffView(main, params, alive) {
       return;
     }
     const pivot = rd.first_divergence || rd.first_observed;
-    const lane = pivot ? pivot.lane : rd.lanes[0]?.lane ?? 0;
+    const lane = laneParam ?? (pivot ? pivot.lane : rd.lanes[0]?.lane ?? 0);
     const base = { reference, suspect, rank, lane };
-    const first = await api('alignment', { ...base, from: 0, count: 1, op: pivot?.op_index.suspect });
-    const pivotRow = first.located;
+    const onPivotLane = pivot && pivot.lane === lane;
+    const first = await api('alignment', { ...base, from: 0, count: 1, op: onPivotLane ? pivot.op_index.suspect : undefined });
+    const pivotRow = onPivotLane ? first.located : null;
     let selected = pivotRow;
-    if (op !== undefined && op !== pivot?.op_index.suspect) {
+    if (op !== undefined && !(onPivotLane && op === pivot.op_index.suspect)) {
       selected = (await api('alignment', { ...base, from: 0, count: 1, op })).located;
     }
     const list = new VirtualList({
@@ -111,6 +113,7 @@ export async function diffView(main, params, alive) {
       if (!row) return;
       list.select(i);
       const at = new URLSearchParams({ reference, suspect, rank });
+      if (laneParam !== undefined) at.set('lane', lane);
       if (row.suspect) at.set('op', row.suspect.op_index);
       navigate(`/diff?${at}`, true);
       await showDetails(panel, [
@@ -121,8 +124,10 @@ export async function diffView(main, params, alive) {
       const node = e.target.closest('.vrow');
       if (node) open(Number(node.dataset.index));
     });
-    const laneChoice = first.lanes.length > 1 ? ` · lane ${lane} of ${first.lanes.join(', ')}` : '';
-    lanes.replaceChildren(el('h3', { id: 'rank-title' }, `Rank ${rank}${laneChoice}: ${rd.status}`),
+    // Lanes (main thread, autograd thread, ...) align separately.
+    const laneChoice = first.lanes.length < 2 ? '' : el('select', { id: 'lane', onchange: (e) => showRank(rank, undefined, Number(e.target.value)) },
+      first.lanes.map((l) => el('option', { value: l, selected: l === lane }, `lane ${l}`)));
+    lanes.replaceChildren(el('h3', { id: 'rank-title' }, `Rank ${rank}: ${rd.status} `, laneChoice),
       el('p', { class: 'small muted' }, `${first.rows_total.toLocaleString('en')} rows · ${first.pairs.toLocaleString('en')} aligned pairs · ` +
         `ops: reference ${first.ops.reference.toLocaleString('en')}, suspect ${first.ops.suspect.toLocaleString('en')}`),
       el('div', { class: 'lane-heads' }, el('span', {}, `reference: ${reference}`), el('span', {}, `suspect: ${suspect}`)),
@@ -140,5 +145,6 @@ export async function diffView(main, params, alive) {
   if (pivotLink) pivotLink.addEventListener('click', (e) => { e.preventDefault(); showRank(report.first_divergence.rank); });
   const rankParam = params.get('rank');
   const start = rankParam !== null ? Number(rankParam) : report.first_divergence?.rank ?? report.ranks[0]?.rank;
-  if (start !== undefined) await showRank(start, params.get('op') !== null ? Number(params.get('op')) : undefined);
+  const number = (key) => (params.get(key) !== null ? Number(params.get(key)) : undefined);
+  if (start !== undefined) await showRank(start, number('op'), number('lane'));
 }

@@ -102,7 +102,11 @@ export async function runView(main, params, alive) {
   const rank = Number(params.get('rank') ?? run.ranks[0]?.rank ?? 0);
   const opsDone = run.ranks.length ? opsList(ops, name, rank, panel) : Promise.resolve();
   try {
-    collectives.replaceWith(matrix(await api(`runs/${encodeURIComponent(name)}/collectives`)));
+    // The cross-rank report: collectives, plus replicas when asked for.
+    const ranks = await api(`runs/${encodeURIComponent(name)}/ranks`);
+    const odd = ranks.odd_ranks.length ? ` · ranks outside the majority: ${ranks.odd_ranks.join(', ')}` : '';
+    collectives.replaceWith(el('p', { id: 'cross-rank' }, el('span', { class: `badge ${ranks.status}` }, ranks.status), `cross-rank${odd}`),
+      matrix(ranks.collectives));
   } catch (e) {
     collectives.replaceChildren(el('p', { class: 'error' }, e.message));
   }

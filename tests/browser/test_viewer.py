@@ -149,6 +149,11 @@ class RealTraining(ViewerTestCase):
         self.assertIn(f"op={first['op_index']['suspect']}", self.driver.current_url)
         self.driver.execute_script("document.getElementById('details').scrollIntoView()")
         self.shot("diff-details.png")
+        # The whole page at once (docs/viewer-diff.png is one of these).
+        self.driver.set_window_size(1400, 1700)
+        self.driver.execute_script("window.scrollTo(0, 0)")
+        self.shot("diff-page.png")
+        self.driver.set_window_size(1400, 1100)
 
         # The URL is shareable: opening it again selects the same op.
         self.driver.get(self.driver.current_url)
