@@ -51,11 +51,11 @@ function matrix(report) {
     report.notes.map((n) => el('p', { class: 'small muted' }, n)));
 }
 
-async function opsList(section, name, rank, panel) {
+async function opsList(section, name, rank, panel, laneIndex = 0) {
   const enc = encodeURIComponent;
   const { lanes } = await api(`runs/${enc(name)}/ranks/${rank}/lanes`);
-  const lane = lanes[0]?.lane ?? 0;
-  const total = lanes.length ? lanes[0].last_op + 1 : 0;
+  const lane = lanes[laneIndex]?.lane ?? 0;
+  const total = lanes.length ? lanes[laneIndex].last_op + 1 : 0;
   const list = new VirtualList({
     total, height: 420, className: 'ops',
     // Rows are op indices: an index the rank never recorded (a gap) shows so.
@@ -76,7 +76,9 @@ async function opsList(section, name, rank, panel) {
     list.select(Number(node.dataset.index));
     showDetails(panel, [{ label: name, run: name, rank, lane, op_index: Number(node.dataset.index) }]);
   });
-  section.replaceChildren(el('h3', {}, `Rank ${rank} · lane ${lane} · ${total.toLocaleString('en')} ops`), list.element);
+  const choice = lanes.length < 2 ? `lane ${lane}` : el('select', { onchange: (e) => opsList(section, name, rank, panel, Number(e.target.value)) },
+    lanes.map((l, i) => el('option', { value: i, selected: i === laneIndex }, `lane ${l.lane}`)));
+  section.replaceChildren(el('h3', {}, `Rank ${rank} · `, choice, ` · ${total.toLocaleString('en')} ops`), list.element);
   list.draw();
 }
 

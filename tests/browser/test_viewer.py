@@ -172,6 +172,10 @@ class RealTraining(ViewerTestCase):
         cells = matrix.find_elements(By.CSS_SELECTOR, "td[data-state=desync]")
         self.assertEqual(sorted(c.get_attribute("data-seq") for c in cells), [str(desync["seq"])] * RANKS)
         self.assertIn("1 desync(s)", self.driver.find_element(By.CSS_SELECTOR, "#collectives h3").text)
+        self.assertIn("diverged", self.driver.find_element(By.ID, "cross-rank").text)
+        # The rank's ops are listed; a click shows an op's details and source.
+        self.wait(".vlist.ops .orow").click()
+        self.wait("#details .source .line.hl")
         self.shot("collectives-desync.png")
 
 
