@@ -89,7 +89,10 @@ export async function showDetails(panel, sides) {
   const table = el('table', { class: 'details' }, el('thead', {}, head), el('tbody', {},
     row('op', (o) => o.name, differs((o) => o.name)),
     row('op index · step', (o) => `#${o.op_index} · step ${o.step}${o.backward ? ' · backward' : ''}`),
-    row('call stack', (o) => siteText(o.site) || 'unknown', differs((o) => siteText(o.site))),
+    // The recorded frames: the op's call site and, for a backward op with
+    // its own site, the forward that created its autograd node.
+    row('call stack', (o) => [siteText(o.site) || 'unknown', o.forward_site && `↳ forward at ${siteText(o.forward_site)}`]
+      .filter(Boolean).map((f) => el('div', {}, f)), differs((o) => siteText(o.site))),
     outputs, inputs,
     row('kernels', (o) => o.kernels.join(', ') || 'none recorded', differs((o) => o.kernels.join())),
     row('element diff', () => 'not captured for this op'),
