@@ -23,6 +23,7 @@ PACKAGES=(
   python3-venv                              # venvs with torch from PyPI (scripts/torch-venv.sh)
   procps psmisc                             # pgrep/kill in integration tests
   systemd                                   # systemd-analyze verify on the unit
+  chromium chromium-driver python3-selenium # browser tests of the web viewer (ctest -L browser)
 )
 
 SUDO=""

@@ -2,7 +2,7 @@
 # The one test command: installs dependencies, configures, builds (warnings
 # are errors), runs every test with ctest, then a short AddressSanitizer pass
 # over the unit tests. Exits non-zero on any failure, and also when the run
-# lost coverage: an expected label (unit, integration, e2e, package) with no test, or
+# lost coverage: an expected label (unit, integration, e2e, package, browser) with no test, or
 # a test skipped that tests/expected-skips.txt does not allow
 # (scripts/check_test_run.py).
 #   scripts/test.sh                 # everything
@@ -28,7 +28,7 @@ rc=0
 ctest --output-on-failure -j "$JOBS" --timeout 600 --no-tests=error \
   --output-junit "$BUILD/ctest-main.xml" "${JUNIT_ARGS[@]}" "$@" || rc=1
 "${CHECK[@]}" --build "$BUILD" --junit "$BUILD/ctest-main.xml" \
-  --labels unit,integration,e2e,package || rc=1
+  --labels unit,integration,e2e,package,browser || rc=1
 [[ $rc == 0 ]] || exit "$rc"
 
 if [[ "${OPGUARD_TEST_ASAN:-1}" != 0 ]]; then

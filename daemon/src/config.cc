@@ -123,6 +123,9 @@ std::unique_ptr<CLI::App> MakeApp(Config* c, Flags* flags) {
       "HTTP connections served at once (default 64; at most\n"
       "a quarter of the file descriptor limit)")
       ->check(CLI::Range(1u, 1000000u));
+  add(kGeneral, "--web-root", c->web_root, "DIR",
+      "the web viewer's files (default: ../share/opguard/web\n"
+      "next to opguardd, or the source tree's web/)");
   add(kGeneral, "--peers", c->peers, "E1,E2,...",
       "query endpoints of the other nodes' daemons\n(cluster queries)")
       ->delimiter(',')

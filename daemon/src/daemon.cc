@@ -25,6 +25,7 @@
 #include "metrics.h"
 #include "opguard/common/log.h"
 #include "query/http_server.h"
+#include "query/web_files.h"
 #include "query/query.h"
 #include "query/query_server.h"
 #include "registry/run_registry.h"
@@ -196,7 +197,16 @@ int Daemon::Run() {
   st = d.query_server->Start();
   if (!st.ok()) return fail(st);
   if (!c.http.empty()) {
-    d.http = std::make_unique<HttpServer>(&d.io, d.service.get(), &d.metrics, d.store.get());
+    const std::string web_root = FindWebRoot(c.web_root);
+    if (web_root.empty()) {
+      OPGUARD_LOG(LogLevel::kWarn, "web viewer not found" +
+                                       (c.web_root.empty() ? std::string() : " in " + c.web_root) +
+                                       " (no index.html): the HTTP server answers the API only");
+    } else {
+      OPGUARD_LOG(LogLevel::kInfo, "web viewer: " + web_root);
+    }
+    d.http = std::make_unique<HttpServer>(&d.io, d.service.get(), &d.metrics, d.store.get(),
+                                            web_root);
     // HTTP never takes the descriptors ingest, queries and the store need.
     const uint64_t http_cap =
         std::max<uint64_t>(1, std::min<uint64_t>(c.http_max_connections, file_limit / 4));

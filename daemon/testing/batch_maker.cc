@@ -19,6 +19,9 @@
 #include "opguard/daemon/client.h"
 #include "opguard/idl/envelope.h"
 
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 namespace opguard::daemon::testing {
 namespace {
 
@@ -77,7 +80,16 @@ std::string MakeBatch(const std::string& run, uint32_t rank, uint64_t session, u
                                        b.CreateString("node-a"), 1000 + rank, b.CreateString("loadgen"), 0,
                                        b.CreateVectorOfSortedTables(&det), 0, 1700000000000000000ull);
   }
+  std::vector<flatbuffers::Offset<wire::SourceFile>> sources;
+  std::vector<flatbuffers::Offset<wire::StringDef>> source_names;
+  for (const auto& [path, text] : o.sources) {
+    const uint64_t id = XXH64(path.data(), path.size(), 0);
+    source_names.push_back(wire::CreateStringDef(b, id, b.CreateString(path)));
+    sources.push_back(wire::CreateSourceFile(
+        b, id, b.CreateVector(reinterpret_cast<const uint8_t*>(text.data()), text.size())));
+  }
   flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<wire::StringDef>>> strings = 0;
+  if (!o.definitions && !source_names.empty()) strings = b.CreateVector(source_names);
   flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<wire::SiteDef>>> sites = 0;
   if (o.definitions) {
     std::vector<flatbuffers::Offset<wire::StringDef>> s;
@@ -85,6 +97,7 @@ std::string MakeBatch(const std::string& run, uint32_t rank, uint64_t session, u
     s.push_back(wire::CreateStringDef(b, kFileId, b.CreateString("train.py")));
     s.push_back(wire::CreateStringDef(b, kFunctionId, b.CreateString("forward")));
     s.push_back(wire::CreateStringDef(b, KernelId(), b.CreateString("ampere_bf16_gemm")));
+    s.insert(s.end(), source_names.begin(), source_names.end());
     strings = b.CreateVector(s);
     std::vector<flatbuffers::Offset<wire::SiteDef>> t;
     for (int k = 0; k < kOpKinds; ++k) t.push_back(wire::CreateSiteDef(b, SiteId(k), kFileId, 100 + k, kFunctionId));
@@ -153,7 +166,8 @@ std::string MakeBatch(const std::string& run, uint32_t rank, uint64_t session, u
   }
   auto batch = wire::CreateBatch(b, run_s, rank, session, seq, announce, strings, sites, 0, b.CreateVector(ops),
                                  collectives.empty() ? 0 : b.CreateVector(collectives),
-                                 steps.empty() ? 0 : b.CreateVector(steps), 0,
+                                 steps.empty() ? 0 : b.CreateVector(steps),
+                                 sources.empty() ? 0 : b.CreateVector(sources),
                                  gaps.empty() ? 0 : b.CreateVector(gaps), o.end_of_run);
   if (o.schema_major == 0) {
     wire::FinishEnvelope(b, batch);

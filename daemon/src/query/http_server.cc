@@ -8,13 +8,17 @@
 
 #include <boost/asio/post.hpp>
 
+#include <algorithm>
 #include <chrono>
+#include <initializer_list>
+#include <map>
 #include <cstdlib>
 #include <optional>
 
 #include "metrics.h"
 #include "opguard/common/log.h"
 #include "query/query.h"
+#include "query/web_files.h"
 #include "storage/store.h"
 
 namespace opguard::daemon {
@@ -101,8 +105,10 @@ int HttpStatus(const Status& st) {
 class Session : public std::enable_shared_from_this<Session> {
  public:
   // metrics->http_connections counts live sessions (the server's cap reads it).
-  Session(tcp::socket socket, QueryService* service, Metrics* metrics, Store* store)
-      : stream_(std::move(socket)), service_(service), metrics_(metrics), store_(store) {
+  Session(tcp::socket socket, QueryService* service, Metrics* metrics, Store* store,
+          const std::string* web_root)
+      : stream_(std::move(socket)), service_(service), metrics_(metrics), store_(store),
+        web_root_(web_root) {
     metrics_->http_connections.fetch_add(1, std::memory_order_relaxed);
   }
   ~Session() { metrics_->http_connections.fetch_sub(1, std::memory_order_relaxed); }
@@ -138,7 +144,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   HttpResponse Route(const std::string& method, const std::string& target) {
     try {
-      return RouteHttp(method, target, service_, metrics_, store_);
+      return RouteHttp(method, target, service_, metrics_, store_, *web_root_);
     } catch (const std::exception& e) {
       return Error(500, std::string("internal error: ") + e.what());
     }
@@ -152,6 +158,11 @@ class Session : public std::enable_shared_from_this<Session> {
     res->set(http::field::server, "opguardd");
     res->set(http::field::content_type, r.content_type);
     res->set(http::field::cache_control, "no-store");
+    // The viewer loads only its own files and the API; nothing is sniffed
+    // into another type and no other site may frame it.
+    res->set("X-Content-Type-Options", "nosniff");
+    res->set("Content-Security-Policy",
+             "default-src 'self'; img-src 'self' data:; object-src 'none'; frame-ancestors 'none'");
     res->keep_alive(req.keep_alive());
     res->body() = std::move(r.body);
     res->prepare_payload();
@@ -174,6 +185,7 @@ class Session : public std::enable_shared_from_this<Session> {
   QueryService* service_;
   Metrics* metrics_;
   Store* store_;
+  const std::string* web_root_;
 };
 
 }  // namespace
@@ -184,38 +196,111 @@ bool IsAlignerRoute(const std::string& target) {
   auto split = SplitPath(path);
   if (!split) return false;  // answered 400 on the control thread
   const auto& parts = *split;
-  if (parts.size() == 2 && parts[0] == "api" && parts[1] == "diff") return true;
+  if (parts.size() == 2 && parts[0] == "api" && (parts[1] == "diff" || parts[1] == "alignment")) return true;
   return parts.size() == 4 && parts[0] == "api" && parts[1] == "runs" &&
          (parts[3] == "ranks" || parts[3] == "collectives");
 }
 
+namespace {
+
+// The query parameters of one request, checked against what its route takes.
+class Params {
+ public:
+  explicit Params(std::map<std::string, std::string> values) : values_(std::move(values)) {}
+
+  // Empty when every parameter is one of `allowed`, else the 400 message.
+  std::string Unknown(std::initializer_list<const char*> allowed) const {
+    for (const auto& [key, value] : values_) {
+      if (std::find_if(allowed.begin(), allowed.end(), [&](const char* a) { return key == a; }) ==
+          allowed.end()) {
+        std::string names;
+        for (const char* a : allowed) names += std::string(names.empty() ? "" : ", ") + a;
+        return "unknown parameter '" + key + "'" + (names.empty() ? " (this endpoint takes none)"
+                                                                  : " (this endpoint takes " + names + ")");
+      }
+    }
+    return {};
+  }
+  bool Has(const char* key) const { return values_.count(key) != 0; }
+  std::string Text(const char* key) const {
+    auto it = values_.find(key);
+    return it == values_.end() ? std::string() : it->second;
+  }
+  // An optional unsigned parameter in [lo, hi]; false (with *error set) when
+  // present but not a number in range.
+  bool Number(const char* key, uint64_t lo, uint64_t hi, uint64_t* out, std::string* error) const {
+    auto it = values_.find(key);
+    if (it == values_.end()) return true;
+    uint64_t v = 0;
+    if (!ParseU64(it->second, &v) || v < lo || v > hi) {
+      *error = std::string(key) + " must be a number from " + std::to_string(lo) + " to " + std::to_string(hi) +
+               " (got '" + it->second.substr(0, 40) + "')";
+      return false;
+    }
+    *out = v;
+    return true;
+  }
+
+ private:
+  std::map<std::string, std::string> values_;
+};
+
+// Largest page of alignment rows; a viewer screen shows well under this.
+constexpr uint64_t kMaxAlignmentRows = 5000;
+
+// Paths the viewer's router handles in the browser: each answers index.html
+// so that a shared URL opens its view.
+bool IsViewerPage(std::string_view path) { return path == "/" || path == "/diff" || path == "/run"; }
+
+HttpResponse WebFileResponse(const std::string& web_root, const std::vector<std::string>& parts) {
+  if (web_root.empty()) return Error(404, "the web viewer is not installed here (opguardd --web-root DIR)");
+  auto file = ReadWebFile(web_root, parts);
+  if (!file) return Error(404, "no such file");
+  return {200, std::move(file->content_type), std::move(file->body)};
+}
+
+}  // namespace
+
 HttpResponse RouteHttp(const std::string& method, const std::string& target, QueryService* service,
-                       Metrics* metrics, Store* store) {
+                       Metrics* metrics, Store* store, const std::string& web_root) {
   std::string_view path = target, query;
   if (auto q = path.find('?'); q != std::string_view::npos) {
     query = path.substr(q + 1);
     path = path.substr(0, q);
   }
-  std::map<std::string, std::string> params;
+  std::map<std::string, std::string> values;
   {
     size_t i = 0;
     while (i < query.size()) {
       size_t j = query.find('&', i);
       if (j == std::string_view::npos) j = query.size();
       auto item = query.substr(i, j - i);
-      auto eq = item.find('=');
-      if (eq != std::string_view::npos) {
-        auto key = UrlDecode(item.substr(0, eq)), value = UrlDecode(item.substr(eq + 1));
+      if (!item.empty()) {
+        auto eq = item.find('=');
+        auto key = UrlDecode(item.substr(0, eq));
+        auto value = eq == std::string_view::npos ? std::optional<std::string>("") : UrlDecode(item.substr(eq + 1));
         if (!key || !value) return Error(400, kBadEscape);
-        params[*key] = std::move(*value);
+        values[*key] = std::move(*value);
       }
       i = j + 1;
     }
   }
+  const Params params(std::move(values));
   auto split = SplitPath(path);
   if (!split) return Error(400, kBadEscape);
   const auto& parts = *split;
   if (method != "GET" && method != "HEAD") return Error(405, "only GET is served");
+  const bool api = !parts.empty() && parts[0] == "api";
+  if (!api) {
+    if (IsViewerPage(path)) return WebFileResponse(web_root, {"index.html"});
+    if (path != "/metrics" && path != "/healthz") {
+      for (const auto& part : parts) {
+        if (!SafeSegment(part)) return Error(400, "path segments may not be '.', '..', hidden or contain '/', '\\' or NUL");
+      }
+      return WebFileResponse(web_root, parts);
+    }
+    if (std::string unknown = params.Unknown({}); !unknown.empty()) return Error(400, unknown);
+  }
   if (path == "/metrics") {
     auto runs = service->ListRuns().size();
     double uptime = service->StatusJson()["uptime_s"].get<double>();
@@ -225,78 +310,109 @@ HttpResponse RouteHttp(const std::string& method, const std::string& target, Que
     bool healthy = service->StatusJson()["healthy"].get<bool>();
     return {healthy ? 200 : 503, "text/plain", healthy ? "ok\n" : "store failed\n"};
   }
-  if (parts.size() >= 2 && parts[0] == "api") {
-    if (parts.size() == 2 && parts[1] == "status") return Json(200, service->StatusJson());
-    if (parts.size() == 2 && parts[1] == "runs") return Json(200, service->RunsJson());
-    if (parts.size() == 3 && parts[1] == "runs") {
-      auto run = service->GetRun(parts[2]);
-      if (!run.ok()) return Error(HttpStatus(run.status()), run.status().message());
-      return Json(200, service->RunJson(*run));
+  std::string error;
+  auto answer = [](const Result<nlohmann::json>& j) {
+    return j.ok() ? Json(200, *j) : Error(HttpStatus(j.status()), j.status().message());
+  };
+  if (parts.size() == 2 && parts[1] == "status") {
+    if (error = params.Unknown({}); !error.empty()) return Error(400, error);
+    return Json(200, service->StatusJson());
+  }
+  if (parts.size() == 2 && parts[1] == "runs") {
+    if (error = params.Unknown({}); !error.empty()) return Error(400, error);
+    return Json(200, service->RunsJson());
+  }
+  if (parts.size() == 3 && parts[1] == "runs") {
+    if (error = params.Unknown({}); !error.empty()) return Error(400, error);
+    auto run = service->GetRun(parts[2]);
+    if (!run.ok()) return Error(HttpStatus(run.status()), run.status().message());
+    return Json(200, service->RunJson(*run));
+  }
+  if (parts.size() == 2 && parts[1] == "source") {
+    if (error = params.Unknown({"run", "file"}); !error.empty()) return Error(400, error);
+    const std::string run = params.Text("run"), file = params.Text("file");
+    if (run.empty() || file.empty()) return Error(400, "source needs run= and file= (a path the run's call sites name)");
+    if (file.size() > 4096) return Error(400, "file= is longer than 4096 bytes");
+    return answer(service->SourceJson(run, file));
+  }
+  // Aligner queries; timeout= bounds each peer's answer (seconds).
+  uint64_t timeout_s = 0;
+  if (!params.Number("timeout", 0, 3600, &timeout_s, &error)) return Error(400, error);
+  const uint32_t peer_timeout_ms = static_cast<uint32_t>(timeout_s * 1000);
+  uint64_t rank = 0;
+  if (!params.Number("rank", 0, UINT32_MAX, &rank, &error)) return Error(400, error);
+  if (parts.size() == 2 && parts[1] == "diff") {
+    if (error = params.Unknown({"reference", "suspect", "rank", "timeout"}); !error.empty()) return Error(400, error);
+    if (params.Text("reference").empty() || params.Text("suspect").empty()) {
+      return Error(400, "diff needs reference= and suspect= run names");
     }
-    // Aligner queries; timeout= bounds each peer's answer (seconds).
-    uint64_t timeout_s = 0;
-    if (params.count("timeout") && (!ParseU64(params["timeout"], &timeout_s) || timeout_s > 3600)) {
-      return Error(400, "timeout must be seconds (0..3600)");
+    return answer(service->DiffJson(params.Text("reference"), params.Text("suspect"),
+                                    params.Has("rank") ? static_cast<int64_t>(rank) : -1, peer_timeout_ms));
+  }
+  if (parts.size() == 2 && parts[1] == "alignment") {
+    if (error = params.Unknown({"reference", "suspect", "rank", "lane", "from", "count", "op"}); !error.empty()) {
+      return Error(400, error);
     }
-    const uint32_t peer_timeout_ms = static_cast<uint32_t>(timeout_s * 1000);
-    if (parts.size() == 2 && parts[1] == "diff") {
-      if (params["reference"].empty() || params["suspect"].empty()) {
-        return Error(400, "diff needs reference= and suspect= run names");
+    if (params.Text("reference").empty() || params.Text("suspect").empty() || !params.Has("rank")) {
+      return Error(400, "alignment needs reference=, suspect= and rank=");
+    }
+    uint64_t lane = 0, from = 0, count = 200, op = 0;
+    if (!params.Number("lane", 0, UINT32_MAX, &lane, &error) ||
+        !params.Number("from", 0, uint64_t{1} << 40, &from, &error) ||
+        !params.Number("count", 1, kMaxAlignmentRows, &count, &error) ||
+        !params.Number("op", 0, UINT64_MAX, &op, &error)) {
+      return Error(400, error);
+    }
+    return answer(service->AlignmentJson(params.Text("reference"), params.Text("suspect"),
+                                         static_cast<uint32_t>(rank), static_cast<uint32_t>(lane), from, count,
+                                         params.Has("op") ? std::optional<uint64_t>(op) : std::nullopt));
+  }
+  if (parts.size() == 4 && parts[1] == "runs" && parts[3] == "collectives") {
+    if (error = params.Unknown({"timeout"}); !error.empty()) return Error(400, error);
+    return answer(service->CollectivesJson(parts[2], peer_timeout_ms));
+  }
+  if (parts.size() == 4 && parts[1] == "runs" && parts[3] == "ranks") {
+    if (error = params.Unknown({"replicas", "timeout"}); !error.empty()) return Error(400, error);
+    std::vector<uint32_t> replicas;
+    std::string list = params.Text("replicas");
+    size_t i = 0;
+    while (i < list.size()) {
+      size_t j = list.find(',', i);
+      if (j == std::string::npos) j = list.size();
+      uint64_t r = 0;
+      if (!ParseU64(list.substr(i, j - i), &r) || r > UINT32_MAX) {
+        return Error(400, "replicas must be rank numbers separated by commas");
       }
-      int64_t rank = -1;
-      if (params.count("rank")) {
-        uint64_t r = 0;
-        if (!ParseU64(params["rank"], &r) || r > UINT32_MAX) return Error(400, "rank must be a number");
-        rank = static_cast<int64_t>(r);
-      }
-      auto j = service->DiffJson(params["reference"], params["suspect"], rank, peer_timeout_ms);
-      if (!j.ok()) return Error(HttpStatus(j.status()), j.status().message());
-      return Json(200, *j);
+      replicas.push_back(static_cast<uint32_t>(r));
+      i = j + 1;
     }
-    if (parts.size() == 4 && parts[1] == "runs" && parts[3] == "collectives") {
-      auto j = service->CollectivesJson(parts[2], peer_timeout_ms);
-      if (!j.ok()) return Error(HttpStatus(j.status()), j.status().message());
-      return Json(200, *j);
+    return answer(service->RanksJson(parts[2], replicas, peer_timeout_ms));
+  }
+  if (parts.size() == 6 && parts[1] == "runs" && parts[3] == "ranks" &&
+      (parts[5] == "trace" || parts[5] == "lanes")) {
+    uint64_t path_rank = 0, lane = 0, from = 0, max = 1000;
+    if (!ParseU64(parts[4], &path_rank) || path_rank > UINT32_MAX) return Error(400, "rank must be a number");
+    if (parts[5] == "lanes") {
+      if (error = params.Unknown({}); !error.empty()) return Error(400, error);
+      return answer(service->LanesJson(parts[2], static_cast<uint32_t>(path_rank)));
     }
-    if (parts.size() == 4 && parts[1] == "runs" && parts[3] == "ranks") {
-      std::vector<uint32_t> replicas;
-      std::string list = params["replicas"];
-      size_t i = 0;
-      while (i < list.size()) {
-        size_t j = list.find(',', i);
-        if (j == std::string::npos) j = list.size();
-        uint64_t r = 0;
-        if (!ParseU64(list.substr(i, j - i), &r) || r > UINT32_MAX) {
-          return Error(400, "replicas must be rank numbers separated by commas");
-        }
-        replicas.push_back(static_cast<uint32_t>(r));
-        i = j + 1;
-      }
-      auto j = service->RanksJson(parts[2], replicas, peer_timeout_ms);
-      if (!j.ok()) return Error(HttpStatus(j.status()), j.status().message());
-      return Json(200, *j);
+    // count= is max= under the name the viewer's other ranges use.
+    if (error = params.Unknown({"lane", "from", "max", "count"}); !error.empty()) return Error(400, error);
+    if (!params.Number("lane", 0, UINT32_MAX, &lane, &error) || !params.Number("from", 0, UINT64_MAX, &from, &error) ||
+        !params.Number("max", 1, UINT32_MAX, &max, &error) || !params.Number("count", 1, UINT32_MAX, &max, &error)) {
+      return Error(400, error);
     }
-    if (parts.size() == 6 && parts[1] == "runs" && parts[3] == "ranks" && parts[5] == "trace") {
-      uint64_t rank = 0, lane = 0, from = 0, max = 1000;
-      if (!ParseU64(parts[4], &rank) || rank > UINT32_MAX) return Error(400, "rank must be a number");
-      if (params.count("lane") && (!ParseU64(params["lane"], &lane) || lane > UINT32_MAX)) {
-        return Error(400, "lane must be a number");
-      }
-      if (params.count("from") && !ParseU64(params["from"], &from)) return Error(400, "from must be a number");
-      if (params.count("max") && (!ParseU64(params["max"], &max) || max == 0 || max > UINT32_MAX)) {
-        return Error(400, "max must be a positive number");
-      }
-      auto page = service->ReadTrace(parts[2], static_cast<uint32_t>(rank), static_cast<uint32_t>(lane), from,
-                                     static_cast<uint32_t>(max));
-      if (!page.ok()) return Error(HttpStatus(page.status()), page.status().message());
-      return Json(200, service->TraceJson(parts[2], static_cast<uint32_t>(rank), static_cast<uint32_t>(lane), *page));
-    }
+    auto page = service->ReadTrace(parts[2], static_cast<uint32_t>(path_rank), static_cast<uint32_t>(lane), from,
+                                   static_cast<uint32_t>(max));
+    if (!page.ok()) return Error(HttpStatus(page.status()), page.status().message());
+    return Json(200, service->TraceJson(parts[2], static_cast<uint32_t>(path_rank), static_cast<uint32_t>(lane), *page));
   }
   return Error(404, "no such endpoint: " + std::string(path));
 }
 
-HttpServer::HttpServer(asio::io_context* io, QueryService* service, Metrics* metrics, Store* store)
-    : io_(io), service_(service), metrics_(metrics), store_(store) {}
+HttpServer::HttpServer(asio::io_context* io, QueryService* service, Metrics* metrics, Store* store,
+                       std::string web_root)
+    : io_(io), service_(service), metrics_(metrics), store_(store), web_root_(std::move(web_root)) {}
 
 HttpServer::~HttpServer() { Stop(); }
 
@@ -343,7 +459,7 @@ void HttpServer::Accept() {
     return BackOff();
   acceptor_->async_accept(asio::make_strand(*io_), [this](beast::error_code ec, tcp::socket socket) {
     if (ec == asio::error::operation_aborted || !acceptor_) return;
-    if (!ec) std::make_shared<Session>(std::move(socket), service_, metrics_, store_)->Start();
+    if (!ec) std::make_shared<Session>(std::move(socket), service_, metrics_, store_, &web_root_)->Start();
     using boost::system::errc::errc_t;
     for (errc_t out_of : {errc_t::too_many_files_open, errc_t::too_many_files_open_in_system,
                           errc_t::no_buffer_space, errc_t::not_enough_memory}) {

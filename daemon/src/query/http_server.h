@@ -5,10 +5,15 @@
 //   GET /api/status
 //   GET /api/runs
 //   GET /api/runs/NAME
-//   GET /api/runs/NAME/ranks/R/trace?lane=L&from=OP&max=N
+//   GET /api/runs/NAME/ranks/R/trace?lane=L&from=OP&max=N (or count=N)
 //   GET /api/diff?reference=A&suspect=B[&rank=R][&timeout=S]   (aligner)
 //   GET /api/runs/NAME/ranks[?replicas=R,R,...][&timeout=S]    (aligner)
 //   GET /api/runs/NAME/collectives[?timeout=S]                 (aligner)
+//   GET /api/runs/NAME/ranks/R/lanes                            (lanes, last op each)
+//   GET /api/alignment?reference=A&suspect=B&rank=R[&lane=L][&from=N][&count=M][&op=OP]
+//   GET /api/source?run=NAME&file=PATH     (only files the run sent)
+//   GET /, /diff, /run                     (the viewer's index.html)
+//   GET /FILE                              (the viewer's files, web_files.h)
 //   GET /metrics
 //   GET /healthz
 //
@@ -44,12 +49,14 @@ struct HttpResponse {
 bool IsAlignerRoute(const std::string& target);
 
 // Routes one request; pure function of the daemon state (unit-testable).
+// `web_root` holds the viewer's files ("" : not installed, pages answer 404).
 HttpResponse RouteHttp(const std::string& method, const std::string& target, QueryService* service,
-                       Metrics* metrics, Store* store);
+                       Metrics* metrics, Store* store, const std::string& web_root = {});
 
 class HttpServer {
  public:
-  HttpServer(boost::asio::io_context* io, QueryService* service, Metrics* metrics, Store* store);
+  HttpServer(boost::asio::io_context* io, QueryService* service, Metrics* metrics, Store* store,
+             std::string web_root);
   ~HttpServer();
   // Binds "HOST:PORT" (port 0: any free port). Control thread.
   Status Start(const std::string& address);
@@ -70,6 +77,7 @@ class HttpServer {
   std::unique_ptr<boost::asio::ip::tcp::acceptor> acceptor_;
   boost::asio::steady_timer retry_{*io_};
   std::string address_;
+  const std::string web_root_;
 };
 
 }  // namespace opguard::daemon

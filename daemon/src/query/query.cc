@@ -6,6 +6,7 @@
 #include <boost/asio/post.hpp>
 
 #include <algorithm>
+#include <cstdio>
 #include <set>
 
 #include "opguard/aligner/render.h"
@@ -14,6 +15,9 @@
 #include "opguard/daemon/status_json.h"
 #include "opguard/idl/envelope.h"
 #include "storage/record_copy.h"
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 namespace opguard::daemon {
 namespace {
@@ -25,6 +29,12 @@ std::string Hostname() {
 }
 
 const char* DTypeName(wire::DType d) { return wire::EnumNameDType(d); }
+
+std::string ToHex16(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
 
 nlohmann::json StatsJson(const wire::TensorStats* s) {
   if (s == nullptr) return nullptr;
@@ -68,7 +78,8 @@ QueryService::QueryService(const Config& config, Store* store, const RunRegistry
       writer_(writer),
       metrics_(metrics),
       started_(std::chrono::steady_clock::now()),
-      cluster_(config, store, registry, Hostname()) {}
+      cluster_(config, store, registry, Hostname()),
+      alignments_(store) {}
 
 bool QueryService::IsAlignerRequest(const void* data, size_t size, bool* local_only) {
   *local_only = false;
@@ -151,6 +162,41 @@ Result<nlohmann::json> QueryService::CollectivesJson(const std::string& run, uin
   auto j = aligner::ToJson(CheckCollectivesAnswer(*a));
   j["nodes"] = NodesJson(a->nodes());
   return j;
+}
+
+Result<nlohmann::json> QueryService::AlignmentJson(const std::string& reference, const std::string& suspect,
+                                                   uint32_t rank, uint32_t lane, uint64_t from, uint64_t count,
+                                                   std::optional<uint64_t> locate_sus) {
+  OPGUARD_ASSIGN_OR_RETURN(RunState ref, GetRun(reference));
+  OPGUARD_ASSIGN_OR_RETURN(RunState sus, GetRun(suspect));
+  OPGUARD_ASSIGN_OR_RETURN(auto view, alignments_.Get(ref, sus, rank, lane, &aligner_stopped_));
+  auto j = AlignmentPageJson(*view, from, count, locate_sus);
+  j["reference"] = reference;
+  j["suspect"] = suspect;
+  j["rank"] = rank;
+  return j;
+}
+
+Result<nlohmann::json> QueryService::SourceJson(const std::string& name, const std::string& file) const {
+  OPGUARD_ASSIGN_OR_RETURN(RunState run, GetRun(name));
+  // Files are stored under the string id of their path (the shim's XXH64);
+  // the run's own string table must name the same path, so a hash collision
+  // cannot serve another file.
+  const uint64_t id = XXH64(file.data(), file.size(), 0);
+  auto names = store_->GetStrings(run.id, {id});
+  auto content = store_->GetSource(run.id, id);
+  if (!content || names[id] != file) {
+    return NotFound("run '" + name + "' did not send a source file '" + file + "'");
+  }
+  return nlohmann::json{{"run", name}, {"file", file}, {"text", *content}};
+}
+
+Result<nlohmann::json> QueryService::LanesJson(const std::string& name, uint32_t rank) const {
+  OPGUARD_ASSIGN_OR_RETURN(RunState run, GetRun(name));
+  if (run.ranks.count(rank) == 0) return NotFound("run '" + name + "' has no rank " + std::to_string(rank));
+  nlohmann::json lanes = nlohmann::json::array();
+  for (const auto& l : store_->OpLanes(run.id, rank)) lanes.push_back({{"lane", l.lane}, {"last_op", l.last_op}});
+  return nlohmann::json{{"run", name}, {"rank", rank}, {"lanes", lanes}};
 }
 
 void QueryService::SetHttpAddress(std::string address) {
@@ -391,7 +437,9 @@ nlohmann::json QueryService::TraceJson(const std::string& run, uint32_t rank, ui
             inputs.push_back({{"kind", "tensor"}, {"tensor", TensorJson(v->tensor())}});
             break;
           case wire::ValueKind::Scalar:
+            // bits_hex: JavaScript numbers cannot hold every 64-bit pattern.
             inputs.push_back({{"kind", "scalar"}, {"bits", v->scalar_bits()},
+                              {"bits_hex", ToHex16(v->scalar_bits())},
                               {"dtype", DTypeName(v->scalar_dtype())}});
             break;
           case wire::ValueKind::TensorList:

@@ -18,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -26,6 +27,7 @@
 
 #include "metrics.h"
 #include "opguard/daemon/config.h"
+#include "query/alignment_view.h"
 #include "query/cluster.h"
 #include "registry/run_registry.h"
 #include "storage/store.h"
@@ -80,6 +82,16 @@ class QueryService {
   Result<nlohmann::json> RanksJson(const std::string& run, const std::vector<uint32_t>& replicas,
                                    uint32_t peer_timeout_ms);
   Result<nlohmann::json> CollectivesJson(const std::string& run, uint32_t peer_timeout_ms);
+  // Rows [from, from + count) of one lane's two-run alignment, for the
+  // viewer (alignment_view.h); this daemon's ranks only. Aligner workers only.
+  Result<nlohmann::json> AlignmentJson(const std::string& reference, const std::string& suspect,
+                                       uint32_t rank, uint32_t lane, uint64_t from, uint64_t count,
+                                       std::optional<uint64_t> locate_sus);
+  // A source file `run` sent, by the path its call sites name; NotFound for
+  // any file the run did not send (nothing is read from this machine's disk).
+  Result<nlohmann::json> SourceJson(const std::string& run, const std::string& file) const;
+  // The lanes of a rank with their last op index (the viewer sizes its lists).
+  Result<nlohmann::json> LanesJson(const std::string& run, uint32_t rank) const;
 
   // JSON faces (docs/daemon.md documents the fields), rendered from the
   // answers below.
@@ -102,6 +114,7 @@ class QueryService {
   mutable std::mutex mu_;
   std::string http_address_;
   ClusterQueries cluster_;
+  AlignmentViews alignments_;
   boost::asio::thread_pool align_pool_{2};  // requests from the CLI and HTTP
   boost::asio::thread_pool peer_pool_{2};   // local_only requests from peer daemons
   std::atomic<bool> aligner_stopped_{false};

@@ -290,6 +290,27 @@ std::optional<uint32_t> Store::NextLane(uint64_t run, uint32_t rank, uint32_t la
   return std::nullopt;
 }
 
+std::vector<Store::LaneExtent> Store::OpLanes(uint64_t run, uint32_t rank) const {
+  std::vector<LaneExtent> lanes;
+  const std::string rank_prefix = keys::LanePrefix(run, rank, 0).substr(0, 12);
+  std::string upper = keys::LanePrefix(run, rank + 1, 0);
+  if (rank == UINT32_MAX) upper = keys::RunBegin(run + 1);
+  rocksdb::Slice upper_slice(upper);
+  auto it = NewScan(Cf::kOps, &upper_slice, /*fill_cache=*/true);
+  it->Seek(rank_prefix);
+  while (it->Valid() && it->key().size() == keys::kOpKeySize && it->key().starts_with(rank_prefix)) {
+    const uint32_t lane = keys::OpKeyLane(it->key().ToStringView());
+    // The last key below the next lane's prefix is this lane's last chunk.
+    const std::string next = lane == UINT32_MAX ? upper : keys::LanePrefix(run, rank, lane + 1);
+    it->SeekForPrev(next);
+    if (!it->Valid()) break;
+    lanes.push_back({lane, keys::OpKeyIndex(it->key().ToStringView())});
+    if (lane == UINT32_MAX) break;
+    it->Seek(next);
+  }
+  return lanes;
+}
+
 std::map<uint64_t, std::string> Store::GetDefs(uint64_t run, char kind,
                                                const std::vector<uint64_t>& ids) const {
   std::map<uint64_t, std::string> out;

@@ -108,6 +108,13 @@ class Store {
                  const std::function<void(uint64_t, const rocksdb::Slice&)>& fn, bool* more) const;
   // The first lane of (run, rank) after `lane` that holds ops.
   std::optional<uint32_t> NextLane(uint64_t run, uint32_t rank, uint32_t lane) const;
+  // The lanes of (run, rank) that hold ops, ascending, each with its last op
+  // index (chunks are keyed by their last op: one seek per lane).
+  struct LaneExtent {
+    uint32_t lane = 0;
+    uint64_t last_op = 0;
+  };
+  std::vector<LaneExtent> OpLanes(uint64_t run, uint32_t rank) const;
   // Point lookups of definitions; missing (or damaged) ids are absent.
   std::map<uint64_t, std::string> GetStrings(uint64_t run, const std::vector<uint64_t>& ids) const;
   std::map<uint64_t, SiteDef> GetSites(uint64_t run, const std::vector<uint64_t>& ids) const;

@@ -306,6 +306,74 @@ TEST_F(DaemonTest, NonUtf8StringsAreRejectedAndTheDaemonKeepsServing) {
   EXPECT_EQ(d->Stop(), 0);
 }
 
+// The viewer's API on a real daemon: range queries over a two-run
+// alignment (bounds, paging, locating an op), a rank's lanes, the trace's
+// count= range, and source files served only for the run that sent them.
+TEST_F(DaemonTest, ViewerRangeQueriesAndSources) {
+  auto d = StartDaemon();
+  BatchOptions with_source;
+  with_source.sources = {{"/src/model.py", "import torch\nx = torch.ones(3)\ny = x * 2\n"}};
+  RankSender a(d->ingest(), "a", 0, 21, 50, with_source);
+  RankSender b(d->ingest(), "b", 0, 22, 50);
+  ASSERT_TRUE(a.Run(6, Clock::now() + 30s).ok());
+  ASSERT_TRUE(b.Run(6, Clock::now() + 30s).ok());
+  auto get = [&](const std::string& target) {
+    auto r = testing::HttpGet(d->http(), target, 30s);
+    EXPECT_TRUE(r.ok()) << target;
+    return r.ok() ? *r : testing::HttpResult{};
+  };
+  auto json = [&](const std::string& target) {
+    auto r = get(target);
+    EXPECT_EQ(r.status, 200) << target << ": " << r.body;
+    return r.status == 200 ? nlohmann::json::parse(r.body) : nlohmann::json::object();
+  };
+
+  // 300 identical ops: 300 rows, every one an equal pair; pages tile the range.
+  auto page = json("/api/alignment?reference=a&suspect=b&rank=0&from=0&count=100&op=250");
+  EXPECT_EQ(page["rows_total"], 300);
+  EXPECT_EQ(page["pairs"], 300);
+  EXPECT_EQ(page["lanes"], nlohmann::json::array({0}));
+  EXPECT_EQ(page["located"], 250);
+  EXPECT_TRUE(page["first_differing_row"].is_null());
+  ASSERT_EQ(page["rows"].size(), 100u);
+  EXPECT_EQ(page["rows"][0]["link"], "equal");
+  EXPECT_EQ(page["rows"][0]["reference"]["op_index"], 0);
+  EXPECT_EQ(page["rows"][99]["suspect"]["op_index"], 99);
+  EXPECT_EQ(page["rows"][7]["suspect"]["name"], testing::OpName(7));
+  EXPECT_EQ(page["rows"][7]["suspect"]["site"]["file"], "train.py");
+  auto tail = json("/api/alignment?reference=a&suspect=b&rank=0&from=250&count=5000");
+  ASSERT_EQ(tail["rows"].size(), 50u);
+  EXPECT_EQ(tail["rows"][49]["row"], 299);
+  EXPECT_EQ(tail["rows"][49]["reference"]["op_index"], 299);
+  EXPECT_EQ(json("/api/alignment?reference=a&suspect=b&rank=0&from=300")["rows"].size(), 0u);
+  EXPECT_TRUE(json("/api/alignment?reference=a&suspect=b&rank=0&op=300")["located"].is_null());
+  EXPECT_EQ(get("/api/alignment?reference=a&suspect=b&rank=0&count=5001").status, 400);
+  EXPECT_EQ(get("/api/alignment?reference=a&suspect=b&rank=0&from=x").status, 400);
+  EXPECT_EQ(get("/api/alignment?reference=a&suspect=b&rank=3").status, 404);
+  EXPECT_EQ(get("/api/alignment?reference=a&suspect=b&rank=0&lane=1").status, 404);
+  EXPECT_EQ(get("/api/alignment?reference=a&suspect=nope&rank=0").status, 404);
+
+  auto lanes = json("/api/runs/a/ranks/0/lanes");
+  EXPECT_EQ(lanes["lanes"], nlohmann::json::parse(R"([{"lane": 0, "last_op": 299}])"));
+  EXPECT_EQ(get("/api/runs/a/ranks/5/lanes").status, 404);
+  auto trace = json("/api/runs/a/ranks/0/trace?from=298&count=10");
+  ASSERT_EQ(trace["ops"].size(), 2u);
+  EXPECT_EQ(trace["ops"][0]["inputs"][2]["bits_hex"], "0000000040400000");  // float32 3.0
+
+  auto source = json("/api/source?run=a&file=%2Fsrc%2Fmodel.py");
+  EXPECT_EQ(source["text"], "import torch\nx = torch.ones(3)\ny = x * 2\n");
+  // Only files the run sent, by the exact path it sent: not another run's,
+  // not a path it names without content, never a file of this machine.
+  for (const char* target : {"/api/source?run=b&file=%2Fsrc%2Fmodel.py", "/api/source?run=a&file=train.py",
+                             "/api/source?run=a&file=model.py", "/api/source?run=a&file=/etc/passwd",
+                             "/api/source?run=a&file=%2Fsrc%2F..%2Fsrc%2Fmodel.py", "/api/source?run=nope&file=x"}) {
+    auto r = get(target);
+    EXPECT_EQ(r.status, 404) << target << ": " << r.body;
+    EXPECT_EQ(r.body.find("import torch"), std::string::npos) << target;
+  }
+  EXPECT_EQ(d->Stop(), 0);
+}
+
 TEST_F(DaemonTest, HttpJsonAndMetrics) {
   auto d = StartDaemon();
   BatchOptions o;

@@ -25,6 +25,9 @@ struct Config {
   std::string http = "127.0.0.1:7456";  // empty: HTTP disabled; port 0: any free port
   uint32_t http_max_connections = 64;   // at most a quarter of the file descriptor limit
   std::vector<std::string> peers;
+  // The web viewer's files; empty: found next to the binary
+  // (../share/opguard/web) or in the source tree (query/web_files.h).
+  std::string web_root;
   LogLevel log_level = LogLevel::kInfo;
 
   // Ingest limits.

@@ -29,6 +29,9 @@ struct BatchOptions {
   bool end_of_run = false;
   std::vector<std::pair<uint64_t, uint64_t>> gaps;  // [first_op, last_op] missing on lane 0
   std::vector<std::pair<std::string, std::string>> determinism;  // added to the announce's settings
+  // (path, text): a SourceFile each, with its path's string definition under
+  // the id the shim gives it (XXH64 of the path).
+  std::vector<std::pair<std::string, std::string>> sources;
   // RankSender only: build one batch and patch seq/op indices into copies of
   // it (costs the sender ~50 ns per op instead of ~2.5 us), to measure the
   // daemon rather than the batch builder. Record contents repeat.

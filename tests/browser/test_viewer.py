@@ -1,0 +1,239 @@
+"""The web viewer in a real browser: Debian's chromium (headless) driven by
+python3-selenium through chromium-driver, against a real opguardd that holds
+real PyTorch training runs (tests/e2e/train_gpt.py with faults planted by the
+training code) and a synthetic run of a million ops on one rank.
+
+What the page shows is checked against the CLI's report of the same runs.
+Screenshots are kept in $OPGUARD_BROWSER_ARTIFACTS (docs/viewer.md)."""
+import json
+import os
+import subprocess
+import time
+import unittest
+import urllib.parse
+
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
+
+import harness
+
+RANKS = 2
+STEPS = 2
+ARTIFACTS = os.environ.get("OPGUARD_BROWSER_ARTIFACTS") or os.path.join(harness.HERE, "browser-artifacts")
+BIG_OPS = 1_000_000
+
+
+def browser():
+    options = webdriver.ChromeOptions()
+    options.binary_location = "/usr/bin/chromium"
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--window-size=1400,1100"):
+        options.add_argument(arg)
+    return webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+
+
+class ViewerTestCase(harness.DaemonTestCase):
+    """A daemon and a headless browser per class; `record()` fills the daemon.
+    unittest skips tearDownClass when setUpClass fails, so a failed setup
+    stops the daemon and the browser itself."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.driver = None
+        try:
+            os.makedirs(ARTIFACTS, exist_ok=True)
+            cls.driver = browser()
+            cls.base = f"http://{cls.daemon.status['http']}"
+            cls.record()
+        except BaseException:
+            cls.tearDownClass()
+            raise
+
+    @classmethod
+    def record(cls):
+        pass
+
+    @classmethod
+    def tearDownClass(cls):
+        if cls.driver:
+            cls.driver.quit()
+        super().tearDownClass()
+
+    def open(self, path, **params):
+        self.driver.get(self.base + path + ("?" + urllib.parse.urlencode(params) if params else ""))
+
+    def wait(self, css, timeout=60):
+        """The first element matching `css`, once it exists (else fails with
+        the page's error line, if any)."""
+        try:
+            return WebDriverWait(self.driver, timeout).until(lambda d: d.find_element(By.CSS_SELECTOR, css))
+        except Exception:
+            errors = [e.text for e in self.driver.find_elements(By.CSS_SELECTOR, ".error")]
+            self.fail(f"{css} did not appear at {self.driver.current_url}; errors on the page: {errors}")
+
+    def shot(self, name):
+        self.driver.save_screenshot(os.path.join(ARTIFACTS, name))
+
+    def in_viewport(self, element):
+        return self.driver.execute_script(
+            "const r = arguments[0].getBoundingClientRect(), l = arguments[0].closest('.vlist')"
+            ".getBoundingClientRect(); return r.top >= l.top && r.bottom <= l.bottom;", element)
+
+
+class RealTraining(ViewerTestCase):
+    """A clean reference, a suspect with a changed computation on one rank,
+    and a run whose rank 1 broadcasts from the wrong root (a desync)."""
+
+    @classmethod
+    def record(cls):
+        harness.train(cls.site, cls.daemon, "ref", ranks=RANKS, steps=STEPS)
+        harness.train(cls.site, cls.daemon, "reorder", ranks=RANKS, steps=STEPS, fault="reorder:1")
+
+    def test_runs_page_lists_runs_and_opens_a_comparison(self):
+        self.open("/")
+        self.wait("tr[data-run=reorder]")
+        names = [r.get_attribute("data-run") for r in self.driver.find_elements(By.CSS_SELECTOR, "tr[data-run]")]
+        self.assertLessEqual({"ref", "reorder"}, set(names))
+        row = self.driver.find_element(By.CSS_SELECTOR, "tr[data-run=ref]").text
+        self.assertIn("2", row)  # ranks
+        self.driver.find_element(By.CSS_SELECTOR, "input[name=reference][value=ref]").click()
+        self.driver.find_element(By.CSS_SELECTOR, "input[name=suspect][value=reorder]").click()
+        self.driver.find_element(By.ID, "compare").click()
+        self.wait("#pivot-summary")
+        self.assertTrue(self.driver.current_url.startswith(self.base + "/diff?reference=ref&suspect=reorder"))
+
+    def test_pivot_is_highlighted_named_and_explained(self):
+        report = self.daemon.cli_json("diff", "ref", "reorder")
+        first = report["first_divergence"]
+        site = first["site"]["suspect"]
+        self.assertEqual((first["rank"], first["op"]), (1, "aten::matmul"))
+        self.assertEqual(site["line"], harness.line_of(harness.TRAIN, "scores = torch.matmul(q, k"))
+
+        self.open("/diff", reference="ref", suspect="reorder")
+        summary = self.wait("#pivot-summary").text
+        self.assertIn(f"rank {first['rank']} · step {first['step']} · {first['op']}", summary)
+        self.assertIn(f"train_gpt.py:{site['line']}", summary)
+        pivot = self.wait(".arow.pivot")
+        self.assertIn(f"#{first['op_index']['suspect']} {first['op']}", pivot.text)
+        self.assertIn(f"#{first['op_index']['reference']} {first['op']}", pivot.text)
+        self.assertTrue(self.in_viewport(pivot), "the pivot is scrolled into view")
+        self.assertIn("rank=1", self.driver.current_url)
+        # The overview names rank 1 as the origin and the collective that
+        # carried divergence to rank 0, as the CLI's report does.
+        origin = self.driver.find_element(By.CSS_SELECTOR, "#overview tr[data-rank='1']")
+        self.assertIn("diverged first", origin.text)
+        self.assertEqual(len(origin.find_elements(By.CSS_SELECTOR, ".cell.origin")), 1)
+        explained = {e["rank"]: e for e in report["explained"]}
+        carried = self.driver.find_element(By.CSS_SELECTOR, "#overview tr[data-rank='0']").text
+        self.assertIn(f"from rank {explained[0]['from_rank']} via ", carried)
+        self.assertIn(f"#{explained[0]['seq']}", carried)
+        self.shot("diff-pivot.png")
+
+        pivot.click()
+        details = self.wait("#details table.details")
+        self.assertIn("aten::matmul", details.text)
+        for run in ("reference", "suspect"):
+            for out in first[run]["outputs"]:
+                self.assertIn(out["fingerprint"], details.text)
+        self.assertGreater(len(details.find_elements(By.CSS_SELECTOR, "td.differs")), 0)
+        with open(harness.TRAIN) as f:
+            line_text = f.read().splitlines()[site["line"] - 1].strip()
+        lines = self.driver.find_elements(By.CSS_SELECTOR, "#details .source .line.hl")
+        self.assertEqual(len(lines), 2, "each run's source, its line highlighted")
+        for line in lines:
+            self.assertEqual(line.get_attribute("data-line"), str(site["line"]))
+            self.assertIn(line_text, line.text)
+        self.assertIn(f"op={first['op_index']['suspect']}", self.driver.current_url)
+        self.driver.execute_script("document.getElementById('details').scrollIntoView()")
+        self.shot("diff-details.png")
+        # The whole page at once (docs/viewer-diff.png is one of these).
+        self.driver.set_window_size(1400, 1700)
+        self.driver.execute_script("window.scrollTo(0, 0)")
+        self.shot("diff-page.png")
+        self.driver.set_window_size(1400, 1100)
+
+        # The URL is shareable: opening it again selects the same op.
+        self.driver.get(self.driver.current_url)
+        self.wait("#details .source .line.hl")
+        self.assertIn(f"#{first['op_index']['suspect']}", self.wait(".vrow.selected").text)
+
+    def test_collectives_matrix_marks_the_desync(self):
+        with self.assertRaisesRegex(AssertionError, "Timed out"):
+            harness.train(self.site, self.daemon, "desync", ranks=RANKS, steps=STEPS, fault="desync:1:1",
+                          timeout=180, args=["--timeout", "5"])
+        report = self.daemon.cli_json("collectives", "desync")
+        self.assertEqual(len(report["desyncs"]), 1, json.dumps(report)[:2000])
+        desync = report["desyncs"][0]
+        self.open("/run", name="desync")
+        matrix = self.wait("table.matrix[data-communicator=world]")
+        cells = matrix.find_elements(By.CSS_SELECTOR, "td[data-state=desync]")
+        self.assertEqual(sorted(c.get_attribute("data-seq") for c in cells), [str(desync["seq"])] * RANKS)
+        self.assertIn("1 desync(s)", self.driver.find_element(By.CSS_SELECTOR, "#collectives h3").text)
+        self.assertIn("diverged", self.driver.find_element(By.ID, "cross-rank").text)
+        # The rank's ops are listed; a click shows an op's details and source.
+        self.wait(".vlist.ops .orow").click()
+        self.wait("#details .source .line.hl")
+        self.shot("collectives-desync.png")
+
+
+class MillionOps(ViewerTestCase):
+    """One rank of a million ops in each of two synthetic runs that diverge
+    near the end: the alignment is paged by range, the DOM stays small."""
+
+    @classmethod
+    def record(cls):
+        started = time.time()
+        # A buffer that holds the whole burst: loadgen records faster than
+        # the daemon acknowledges, and a dropped record would be a gap.
+        env = dict(os.environ, OPGUARD_BUFFER_MB="1024")
+        for run, extra in (("big-ref", []), ("big-sus", ["--diverge-at", f"0:{BIG_OPS - 10}"])):
+            sent = subprocess.run([os.environ["OPGUARD_LOADGEN"], "--run", run, "--ranks", "1", "--ops", str(BIG_OPS),
+                                   "--endpoint", cls.daemon.ingest, *extra],
+                                  check=True, capture_output=True, text=True, timeout=300, env=env)
+            if "all acknowledged: yes" not in sent.stdout:
+                raise AssertionError(f"loadgen lost records of {run}: {sent.stdout[-500:]}")
+        cls.record_s = time.time() - started
+
+    def rows(self):
+        """The texts of the list rows in the DOM, read in one go (the list
+        redraws while it scrolls, which makes element handles stale)."""
+        return self.driver.execute_script(
+            "return [...document.querySelectorAll('.vlist .vrow')].map((r) => r.textContent);")
+
+    def row_in_view(self, prefix):
+        return self.driver.execute_script(
+            "const l = document.querySelector('.vlist').getBoundingClientRect();"
+            "const r = [...document.querySelectorAll('.vlist .vrow')].find((r) => r.textContent.startsWith("
+            "arguments[0]));"
+            "if (!r) return false; const b = r.getBoundingClientRect();"
+            "return b.top >= l.top && b.bottom <= l.bottom;", prefix)
+
+    def scroll_to_end(self, css):
+        self.driver.execute_script(f"const l = document.querySelector('{css}'); l.scrollTop = l.scrollHeight;")
+
+    def test_alignment_of_a_million_ops_scrolls_to_the_end(self):
+        started = time.time()
+        self.open("/diff", reference="big-ref", suspect="big-sus")
+        pivot = self.wait(".arow.pivot", timeout=120)
+        self.assertIn(f"#{BIG_OPS - 10} ", pivot.text)
+        self.assertIn(f"{BIG_OPS:,} rows", self.driver.find_element(By.ID, "lanes").text)
+        self.scroll_to_end(".vlist.alignment")
+        WebDriverWait(self.driver, 30).until(lambda d: any(f"#{BIG_OPS - 1} " in r for r in self.rows()))
+        self.assertLess(len(self.rows()), 100, "only the visible rows are in the DOM")
+        self.shot("million-ops-alignment.png")
+        print(f"\nmillion-op alignment: recorded 2 runs in {self.record_s:.1f} s, "
+              f"viewer to last row {time.time() - started:.1f} s")
+
+    def test_ops_list_of_a_million_ops_scrolls_to_the_end(self):
+        self.open("/run", name="big-sus", rank=0)
+        self.wait(".vlist.ops .orow")
+        self.scroll_to_end(".vlist.ops")
+        WebDriverWait(self.driver, 30).until(lambda d: self.row_in_view(f"#{BIG_OPS - 1} "))
+        self.assertLess(len(self.rows()), 100)
+
+
+if __name__ == "__main__":
+    unittest.main()
