@@ -20,15 +20,24 @@ CHECK=(python3 "$ROOT/scripts/check_test_run.py" --allow "$ROOT/tests/expected-s
 
 "$ROOT/scripts/setup-deps.sh"
 
+# The adapter and e2e suites against torch 2.x from pip, each in a venv
+# (scripts/torch-suite.sh, label e2e-torch2):
+#   OPGUARD_TEST_TORCH="2.15.0;2.11.0:quick" scripts/test.sh
+# runs the newest release in full and 2.11 (the GPU machines') on a quick
+# subset. Not yet by default: with them the whole run exceeds 30 minutes on
+# a 2-core machine, and a clean rerun of the functional-collectives pattern
+# on torch 2.11 is sometimes reported diverged (docs/torch.md). The pip route
+# itself (package_pip_venv, torch 2.11) always runs.
+TORCH_VERSIONS="${OPGUARD_TEST_TORCH-}"
 cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DOPGUARD_WERROR=ON \
-  ${OPGUARD_CMAKE_ARGS:-}
+  -DOPGUARD_TEST_TORCH="$TORCH_VERSIONS" ${OPGUARD_CMAKE_ARGS:-}
 cmake --build "$BUILD" -j "$JOBS"
 cd "$BUILD"
 rc=0
 ctest --output-on-failure -j "$JOBS" --timeout 600 --no-tests=error \
   --output-junit "$BUILD/ctest-main.xml" "${JUNIT_ARGS[@]}" "$@" || rc=1
 "${CHECK[@]}" --build "$BUILD" --junit "$BUILD/ctest-main.xml" \
-  --labels unit,integration,e2e,package,browser || rc=1
+  --labels "unit,integration,e2e,package,browser${TORCH_VERSIONS:+,e2e-torch2}" || rc=1
 [[ $rc == 0 ]] || exit "$rc"
 
 if [[ "${OPGUARD_TEST_ASAN:-1}" != 0 ]]; then

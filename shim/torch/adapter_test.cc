@@ -1,7 +1,10 @@
 // The PyTorch adapter in a real Python process (Debian's torch, CPU), with
 // OPGUARD=1 and the staged `opguard` package, recording into the shim's fake
 // daemon (verifies and acknowledges every batch, keeps the op records), so
-// their fields can be checked one by one.
+// their fields can be checked one by one. OPGUARD_TEST_PYTHON and
+// OPGUARD_PYTHON_STAGE in the environment name another interpreter and
+// package (a venv's torch from pip and the adapter built for it:
+// scripts/torch-suite.sh).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -23,6 +26,12 @@ namespace {
 
 using shim::testing::FakeDaemon;
 using shim::testing::ReceivedOp;
+
+// The environment's `name`, else the build's `fallback`.
+std::string FromEnvironment(const char* name, const char* fallback) {
+  const char* value = std::getenv(name);
+  return value != nullptr && value[0] != '\0' ? value : fallback;
+}
 
 // The ops of lane 0 (the training thread; CPU backward runs there too) in op
 // order, with their names.
@@ -72,7 +81,8 @@ class AdapterTest : public ::testing::Test {
     cmd << "env -u OPGUARD_DEPTH -u OPGUARD_NESTED_OPS OPGUARD=1 OPGUARD_RUN=adapter-test"
         << " OPGUARD_ENDPOINT=" << endpoint << " RANK=0 WORLD_SIZE=1 OMP_NUM_THREADS=1"
         << " OPGUARD_FLUSH_TIMEOUT_MS=20000 PYTHONDONTWRITEBYTECODE=1"
-        << " PYTHONPATH=" << OPGUARD_PYTHON_STAGE << " " << OPGUARD_TEST_PYTHON << " " << script
+        << " PYTHONPATH=" << FromEnvironment("OPGUARD_PYTHON_STAGE", OPGUARD_PYTHON_STAGE) << " "
+        << FromEnvironment("OPGUARD_TEST_PYTHON", OPGUARD_TEST_PYTHON) << " " << script
         << " > /dev/null 2> " << err;
     const int status = std::system(cmd.str().c_str());
     std::ifstream in(err);

@@ -307,6 +307,11 @@ std::mutex g_natives_mu;
 std::vector<std::shared_ptr<NativeCollective>>* g_natives =
     new std::vector<std::shared_ptr<NativeCollective>>();
 std::atomic<size_t> g_natives_size{0};
+// Collectives whose work has no future: completed when the program waits for
+// their output through wait_tensor (RecordWaitedCollectives); bounded, under
+// g_natives_mu.
+std::vector<std::shared_ptr<NativeCollective>>* g_unfutured =
+    new std::vector<std::shared_ptr<NativeCollective>>();
 
 // Takes the Completed record of a collective whose work's future has
 // completed, once, on whichever thread gets there first; a second thread
@@ -431,8 +436,14 @@ void NativeCollectiveEnd(const at::RecordFunction& fn, OpContext& ctx) {
     return;
   }
   if (!future) {
-    static std::atomic<bool> warned{false};
-    WarnOnce(warned, "a collective's work has no future: its Completed record is not taken");
+    std::lock_guard<std::mutex> lock(g_natives_mu);
+    if (g_unfutured->size() >= 64) {
+      g_unfutured->erase(g_unfutured->begin());
+      static std::atomic<bool> warned{false};
+      WarnOnce(warned, "a collective's work has no future and its output was not waited for "
+                       "with wait_tensor: its Completed record is not taken");
+    }
+    g_unfutured->push_back(std::move(native));
     return;
   }
   native->future = future;
@@ -446,6 +457,26 @@ void NativeCollectiveEnd(const at::RecordFunction& fn, OpContext& ctx) {
     RecordNativeCompleted(*native);
     ForgetNative(native.get());
   });
+}
+
+void RecordWaitedCollectives(const at::Tensor& waited) {
+  RecordCompletedNatives();
+  if (!waited.defined() || !waited.has_storage()) return;
+  const c10::StorageImpl* storage = waited.storage().unsafeGetStorageImpl();
+  c10::SmallVector<std::shared_ptr<NativeCollective>, 2> done;
+  {
+    std::lock_guard<std::mutex> lock(g_natives_mu);
+    auto writes = [storage](const std::shared_ptr<NativeCollective>& n) {
+      return std::any_of(n->outputs.begin(), n->outputs.end(), [storage](const at::Tensor& t) {
+        return t.defined() && t.has_storage() && t.storage().unsafeGetStorageImpl() == storage;
+      });
+    };
+    auto it = std::stable_partition(g_unfutured->begin(), g_unfutured->end(),
+                                    [&](const auto& n) { return !writes(n); });
+    done.append(std::make_move_iterator(it), std::make_move_iterator(g_unfutured->end()));
+    g_unfutured->erase(it, g_unfutured->end());
+  }
+  for (const auto& native : done) RecordNativeCompleted(*native);
 }
 
 // Python hands the tensors themselves to the adapter through these ops:

@@ -31,6 +31,12 @@ void NativeCollectiveEnd(const at::RecordFunction& fn, OpContext& ctx);
 // whose work has completed. One load when none is pending.
 void RecordCompletedNatives();
 
+// At the end of a functional collective's wait (_c10d_functional::
+// wait_tensor), on the waiting thread: the Completed records of collectives
+// that have completed, those whose work has no future (gloo's
+// reduce_scatter_tensor in torch 2.x) among them when they wrote `waited`.
+void RecordWaitedCollectives(const at::Tensor& waited);
+
 // Registers opguard::collective_enter and opguard::collective_complete with
 // the dispatcher (once). Throws if the namespace is taken.
 void RegisterCollectiveOps();

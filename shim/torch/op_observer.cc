@@ -260,6 +260,41 @@ bool IsBackendThread(ThreadState& ts) {
   return ts.backend_thread == 1;
 }
 
+// An op on a tensor subclass that redispatches to Python (the
+// AsyncCollectiveTensor functional collectives return, DTensor) is not an
+// op: the subclass's __torch_dispatch__ runs the real ones (the wait for the
+// collective, the op on plain tensors). It is transparent for depth, so those
+// are the top-level ops, with the user's call site.
+bool HasPythonKey(const at::Tensor& t) {
+  return t.defined() && t.key_set().has(c10::DispatchKey::Python);
+}
+bool RedispatchesToPython(const at::RecordFunction& fn) {
+  for (const c10::IValue& v : fn.inputs()) {
+    if (v.isTensor() && HasPythonKey(v.toTensor())) return true;
+    if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList().vec()) {
+        if (HasPythonKey(t)) return true;
+      }
+    }
+  }
+  return false;
+}
+
+// Functional collectives (_c10d_functional::all_reduce, all_gather_into_tensor,
+// reduce_scatter_tensor, ...: what DTensor, FSDP2 and compiled code issue)
+// return their output while the collective still writes it, and
+// _c10d_functional::wait_tensor is where the program waits for it. Neither
+// is an op: the c10d op a functional collective runs (c10d::allreduce_, ...)
+// is recorded as the collective, and its Completed record is taken by the
+// end of the wait at the latest.
+bool IsFunctionalCollective(const char* name) {
+  return std::strncmp(name, "_c10d_functional", 16) == 0;
+}
+bool IsWaitTensor(const char* name) {
+  const char* ns_end = std::strstr(name, "::");
+  return ns_end != nullptr && std::strcmp(ns_end, "::wait_tensor") == 0;
+}
+
 // torch.optim wraps every Optimizer.step in a USER_SCOPE RecordFunction named
 // "Optimizer.step#<Class>.step".
 bool IsOptimizerStep(const at::RecordFunction& fn) {
@@ -341,6 +376,12 @@ bool IsInPlace(const char* name) {
 std::unique_ptr<at::ObserverContext> OnFunctionStart(const at::RecordFunction& fn, ThreadState& ts) {
   if (IsEngineWrapper(fn)) return nullptr;
   if (IsAutogradFunction(fn)) return AutogradFunctionStart(ts);
+  if (RedispatchesToPython(fn)) {
+    // Remembered for the end, where the inputs are gone.
+    auto ctx = std::make_unique<OpContext>();
+    ctx->transparent = true;
+    return ctx;
+  }
   int depth = ts.depth++;
   if (depth > 0) ++ts.nested_calls;
   if (!Recording()) return nullptr;
@@ -358,7 +399,9 @@ std::unique_ptr<at::ObserverContext> OnFunctionStart(const at::RecordFunction& f
     return NativeCollectiveStart(fn, ts);
   }
   // OpGuard's own collective ops (RegisterCollectiveOps) record themselves.
-  if (std::strncmp(fn.name(), "opguard::", 9) == 0) return nullptr;
+  if (std::strncmp(fn.name(), "opguard::", 9) == 0 || IsFunctionalCollective(fn.name())) {
+    return nullptr;
+  }
   // A backend's own ops while it runs a collective (gloo's all_gather copies
   // its flat buffer into the outputs on its worker thread) are the
   // collective's internals, shown by its Completed record.
@@ -418,8 +461,24 @@ void OnFunctionEnd(const at::RecordFunction& fn, OpContext* ctx, ThreadState& ts
     const uint64_t nested = ts.nested_calls - ctx->nested_calls_at_start;
     ts.nests.insert_or_assign(fn.name(), nested >= kNestedOpsWorthTheSwitch ? 2 : 1);
   }
-  if (IsEngineWrapper(fn)) return;
+  if (IsEngineWrapper(fn) || (ctx != nullptr && ctx->transparent)) return;
   --ts.depth;
+  if (ctx == nullptr && IsFunctionalCollective(fn.name())) {
+    // Until its wait returns, a functional collective's output is being
+    // written: ops reading it before (views: AsyncCollectiveTensor waits only
+    // for other ops) see bytes no two runs agree on, as with aten::empty's.
+    const auto& out = fn.outputs();
+    const at::Tensor first = !out.empty() && out[0].isTensor() ? out[0].toTensor() : at::Tensor();
+    if (!IsWaitTensor(fn.name())) {
+      for (const c10::IValue& v : out) {
+        if (v.isTensor() && v.toTensor().defined()) ts.uninitialised.Add(v.toTensor());
+      }
+    } else if (first.defined()) {
+      ts.uninitialised.Remove(first);
+      RecordWaitedCollectives(first);
+    }
+    return;
+  }
   if (ctx != nullptr && ctx->native != nullptr) {
     NativeCollectiveEnd(fn, *ctx);
     return;

@@ -99,6 +99,7 @@ bool FingerprintTensor(const at::Tensor& t, ThreadState& ts, Shapes& shapes, opg
   at::IntArrayRef strides = t.strides();
   *shape = shapes.Add(sizes);
   const void* data = t.numel() == 0 ? nullptr : t.data_ptr();
+  if (data == nullptr && t.numel() != 0) return false;  // a wrapper subclass: no bytes of its own
   c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
 
   size_t layout_hash = sizes.size();

@@ -18,8 +18,9 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TRAIN = os.path.join(HERE, "train_gpt.py")
-# Debian's interpreter, the one with torch; OPGUARD_TEST_PYTHON names another
-# (scripts/torch2-check.sh: a newer Debian's Python and torch 2.x in a chroot).
+# Debian's interpreter, the one with torch; OPGUARD_TEST_PYTHON names another:
+# a venv's with a torch from pip (scripts/torch-suite.sh), or a newer Debian's
+# in a chroot (scripts/torch2-check.sh). Trainings run UserSite.python.
 PYTHON = os.environ.get("OPGUARD_TEST_PYTHON") or "/usr/bin/python3"
 
 
@@ -31,18 +32,34 @@ def _required(name):
 
 
 class UserSite:
-    """A user site directory holding the installed layout: the opguard package
-    and opguard-autoload.pth. PYTHONUSERBASE points Python at it."""
+    """The installed layout of the opguard package and opguard-autoload.pth,
+    in a site directory of its own, and the interpreter that trains with it
+    (`python`). With Debian's Python: a user site directory (PYTHONUSERBASE
+    points Python at it). With a virtual environment's Python (a torch from
+    pip; venvs read no user site): a fresh venv whose site-packages holds the
+    package, the hook and a .pth naming the torch venv's site-packages, as if
+    the package were installed into that venv."""
 
     def __init__(self, root):
         stage = _required("OPGUARD_PYTHON_STAGE")
         self.base = os.path.join(root, "userbase")
-        ver = f"python{sys.version_info.major}.{sys.version_info.minor}"
-        out = subprocess.run([PYTHON, "-c", "import sys; print(f'python{sys.version_info.major}."
-                              "{sys.version_info.minor}')"], capture_output=True, text=True)
-        ver = out.stdout.strip() or ver
-        self.site = os.path.join(self.base, "lib", ver, "site-packages")
-        os.makedirs(self.site)
+        out = subprocess.run([PYTHON, "-c", "import json, sys, sysconfig; print(json.dumps("
+                              "[sys.prefix != sys.base_prefix, f'python{sys.version_info.major}."
+                              "{sys.version_info.minor}', sorted({sysconfig.get_path('purelib'), "
+                              "sysconfig.get_path('platlib')})]))"],
+                             capture_output=True, text=True, check=True)
+        in_venv, ver, torch_sites = json.loads(out.stdout)
+        self.python = PYTHON
+        if in_venv:
+            venv = os.path.join(root, "venv")
+            subprocess.run([PYTHON, "-m", "venv", "--without-pip", venv], check=True)
+            self.python = os.path.join(venv, "bin", "python")
+            self.site = os.path.join(venv, "lib", ver, "site-packages")
+            with open(os.path.join(self.site, "torch-venv.pth"), "w") as f:
+                f.write("".join(path + "\n" for path in torch_sites))
+        else:
+            self.site = os.path.join(self.base, "lib", ver, "site-packages")
+            os.makedirs(self.site)
         shutil.copytree(os.path.join(stage, "opguard"), os.path.join(self.site, "opguard"))
         shutil.copy(os.path.join(stage, "opguard-autoload.pth"), self.site)
 
@@ -123,14 +140,14 @@ def train(site, daemon, run, ranks=4, steps=3, fault="", launcher="spawn", extra
                            "OPGUARD_FLUSH_TIMEOUT_MS": 20000}, **(extra_env or {})))
     args = ["--steps", str(steps)] + (["--fault", fault] if fault else []) + list(args or [])
     if launcher == "spawn":
-        cmd = [PYTHON, script, "--spawn", str(ranks), *args]
+        cmd = [site.python, script, "--spawn", str(ranks), *args]
     else:
         port = 20000 + (os.getpid() * 7 + len(run) * 131) % 20000
         # Debian's torch 1.13 on Python 3.11 cannot parse torchrun's default
         # "--redirects 0 --tee 0" (Std.NONE is no longer iterated by enum), so
         # name the per-rank streams explicitly: stdout to log files, tee'd.
         streams = ",".join(f"{r}:1" for r in range(ranks))
-        cmd = [PYTHON, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
+        cmd = [site.python, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
                "--master_port", str(port), "--redirects", streams, "--tee", streams,
                "--log_dir", os.path.join(os.path.dirname(daemon.root), f"torchrun-{run}"),
                script, *args]

@@ -29,7 +29,7 @@ class AutoloadWithoutDaemon(unittest.TestCase):
         cls.tmp.cleanup()
 
     def probe(self, body, **env):
-        result = subprocess.run([harness.PYTHON, "-c", PROBE.format(body=body)],
+        result = subprocess.run([self.site.python, "-c", PROBE.format(body=body)],
                                 env=self.site.env(**env), capture_output=True, text=True,
                                 timeout=120)
         self.assertEqual(result.returncode, 0, result.stderr)
@@ -61,7 +61,7 @@ class AutoloadWithoutDaemon(unittest.TestCase):
 
     def test_bad_depth_turns_recording_off_with_one_line(self):
         result = subprocess.run(
-            [harness.PYTHON, "-c", "import torch, opguard; torch.ones(1).add(1); "
+            [self.site.python, "-c", "import torch, opguard; torch.ones(1).add(1); "
              "print(opguard.enabled())"],
             env=self.site.env(OPGUARD=1, RANK=0, WORLD_SIZE=1, OPGUARD_DEPTH="deep",
                               OPGUARD_ENDPOINT="ipc:///nonexistent/og.sock",
@@ -106,7 +106,7 @@ class AutoloadLaunchers(harness.DaemonTestCase):
 
     def probe_determinism(self, run, **env):
         result = subprocess.run(
-            [harness.PYTHON, "-c", self.DETERMINISM_PROBE],
+            [self.site.python, "-c", self.DETERMINISM_PROBE],
             env=self.site.env(OPGUARD=1, OPGUARD_RUN=run, OPGUARD_ENDPOINT=self.daemon.ingest,
                               RANK=0, WORLD_SIZE=1, **env),
             capture_output=True, text=True, timeout=120)
@@ -147,7 +147,7 @@ class AutoloadLaunchers(harness.DaemonTestCase):
         # backend, libuv from torch 2.4 on, and no switch reaches it; a torch
         # built without libuv (Debian's 2.x) cannot start torchrun at all.
         probe = subprocess.run(
-            [harness.PYTHON, "-c", "import datetime, torch.distributed as d\n"
+            [self.site.python, "-c", "import datetime, torch.distributed as d\n"
              "try: d.TCPStore('127.0.0.1', 0, 1, True, datetime.timedelta(seconds=10))\n"
              "except Exception as e: print(type(e).__name__, e)"],
             env=self.site.env(), capture_output=True, text=True, timeout=120)

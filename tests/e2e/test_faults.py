@@ -277,7 +277,7 @@ class Collectives(harness.DaemonTestCase):
         out = os.path.join(self.tmp, run)
         os.makedirs(out)
         env = self.site.env(OPGUARD=1, OPGUARD_RUN=run, OPGUARD_ENDPOINT=self.daemon.ingest)
-        subprocess.run([harness.PYTHON, os.path.join(harness.HERE, script), out],
+        subprocess.run([self.site.python, os.path.join(harness.HERE, script), out],
                        env=env, check=True, timeout=300, capture_output=True)
         return out
 

@@ -11,32 +11,35 @@ import harness
 from train_patterns import PATTERNS
 
 SCRIPT = os.path.join(harness.HERE, "train_patterns.py")
+# OPGUARD_TEST_PATTERNS=a,b: only those patterns (a quick run against one
+# more torch: tests/e2e/CMakeLists.txt).
+SELECTED = [p for p in os.environ.get("OPGUARD_TEST_PATTERNS", "").split(",") if p] or list(PATTERNS)
 
 
 class TrainingPatterns(harness.DaemonTestCase):
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
-        # Asked of the interpreter that trains (harness.PYTHON), before any
+        # Asked of the interpreter that trains (UserSite.python), before any
         # training: a pattern this torch cannot express is skipped with what
         # it lacks; every other pattern must train, with and without OpGuard.
-        found = subprocess.run([harness.PYTHON, SCRIPT, "--missing"], capture_output=True,
+        found = subprocess.run([cls.site.python, SCRIPT, "--missing"], capture_output=True,
                                text=True, timeout=120, check=True)
         cls.missing = json.loads(found.stdout)
 
-    def train(self, pattern, run=None):
+    def train(self, pattern, run=None, fault=""):
         env = self.site.env(**({"OPGUARD": 1, "OPGUARD_RUN": run,
                                 "OPGUARD_ENDPOINT": self.daemon.ingest,
                                 "OPGUARD_FLUSH_TIMEOUT_MS": 20000} if run else {}))
-        result = subprocess.run([harness.PYTHON, SCRIPT, pattern], env=env, capture_output=True,
-                                text=True, timeout=120)
+        result = subprocess.run([self.site.python, SCRIPT, pattern] + ([fault] if fault else []),
+                                env=env, capture_output=True, text=True, timeout=120)
         what = f"{pattern} {'under OpGuard' if run else 'without OpGuard'}"
         self.assertEqual(result.returncode, 0, f"{what}:\n{result.stderr[-3000:]}")
         self.assertNotIn("opguard-torch warning", result.stderr)
         return result.stdout
 
     def test_clean_reruns_are_identical(self):
-        for pattern in PATTERNS:
+        for pattern in SELECTED:
             with self.subTest(pattern=pattern):
                 if pattern in self.missing:
                     self.skipTest(self.missing[pattern])
@@ -51,6 +54,32 @@ class TrainingPatterns(harness.DaemonTestCase):
                     self.assertGreater(rank["ops"], 1000, rank)
                     self.assertEqual(rank["steps"], 3, rank)
                     self.assertEqual(rank["gaps"], 0, rank)
+
+    def test_bit_flip_in_one_ranks_shard_before_a_functional_all_gather(self):
+        """Functional collectives (the _c10d_functional ops of FSDP2, DTensor
+        and compiled code) are recorded as collectives: a bit flipped in rank
+        1's gradient shard at step 1 is named at the all-gather that first
+        reads it, on rank 1 only; rank 0 diverges at its output, explained
+        by rank 1."""
+        if "functional" in self.missing:
+            self.skipTest(self.missing["functional"])
+        self.train("functional", "functional-ref")
+        self.train("functional", "functional-shardflip", fault="shardflip:1:1")
+        report = self.daemon.cli_json("diff", "functional-ref", "functional-shardflip")
+        self.assertEqual(report["status"], "diverged", json.dumps(report, indent=1)[:3000])
+        first = report["first_divergence"]
+        self.assertEqual((first["rank"], first["step"]), (1, 1), first)
+        # The c10d op all_gather_tensor runs: torch 2.11 gathers through the
+        # coalesced one.
+        self.assertIn(first["op"], ("c10d::all_gather_into_tensor [enter]",
+                                    "c10d::all_gather_into_tensor_coalesced [enter]"))
+        self.assertFalse(first["inputs_equal"])
+        line = harness.line_of(SCRIPT, "full = funcol.all_gather_tensor(shard")
+        for run in ("reference", "suspect"):
+            self.assertEqual(os.path.basename(first["site"][run]["file"]), "train_patterns.py")
+            self.assertEqual(first["site"][run]["line"], line, first["site"][run])
+        self.assertEqual(report["diverging_ranks"], [1])
+        self.assertEqual({e["rank"]: e["from_rank"] for e in report["explained"]}, {0: 1})
 
 
 if __name__ == "__main__":

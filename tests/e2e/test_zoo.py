@@ -31,7 +31,7 @@ class BugZoo(harness.DaemonTestCase):
         args = (["--fault", fault] if fault else []) + (["--variant", variant] if variant else [])
         env = cls.site.env(OPGUARD=1, OPGUARD_RUN=run, OPGUARD_ENDPOINT=cls.daemon.ingest,
                            OPGUARD_FLUSH_TIMEOUT_MS=20000)
-        result = subprocess.run([harness.PYTHON, SCRIPT, "--spawn", str(RANKS), "--steps",
+        result = subprocess.run([cls.site.python, SCRIPT, "--spawn", str(RANKS), "--steps",
                                  str(STEPS), *args], env=env, capture_output=True, text=True,
                                 timeout=300)
         if result.returncode != 0 or "opguard-torch warning" in result.stderr:

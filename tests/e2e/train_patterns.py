@@ -4,8 +4,10 @@ under OPGUARD=1, a clean job must record identical runs: anything that
 changes from run to run (threads, arrival order, memory) is OpGuard's to
 keep out of the comparison.
 
-Launch: python3 train_patterns.py PATTERN (torch.multiprocessing.spawn);
+Launch: python3 train_patterns.py PATTERN [FAULT] (torch.multiprocessing.spawn);
 python3 train_patterns.py --missing names the patterns this torch cannot train.
+FAULT, for the functional pattern: shardflip:RANK:STEP flips one bit of RANK's
+gradient shard in memory at STEP, before the shards are all-gathered.
 """
 import datetime
 import io
@@ -16,7 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from train_gpt import TinyGPT, spawn_ranks
+from train_gpt import TinyGPT, flip_bit_in_memory, spawn_ranks
 
 PATTERNS = {
     "ddp_buckets": "DistributedDataParallel with several gradient buckets",
@@ -35,6 +37,8 @@ PATTERNS = {
     "objects": "all_gather_object and broadcast_object_list each step",
     "grad_penalty": "a gradient penalty through autograd.grad(create_graph=True)",
     "torchscript": "a TorchScript module run each step",
+    "functional": "gradients averaged with functional collectives (reduce-scatter, all-gather, "
+                  "all-reduce: what FSDP2 and DTensor issue)",
 }
 DDP = ("ddp_buckets", "ddp_unused", "ddp_static_graph", "ddp_no_sync", "ddp_python_hook")
 
@@ -56,10 +60,40 @@ def missing_features():
         "autocast": (hasattr(torch, "autocast"), "torch.autocast"),
         "objects": (hasattr(dist, "all_gather_object") and hasattr(dist, "broadcast_object_list"),
                     "all_gather_object and broadcast_object_list"),
+        "functional": (_has_functional_collectives(),
+                       "torch.distributed._functional_collectives"),
     }
     needs["checkpoint_reentrant"] = needs["checkpoint"]
     return {pattern: f"this torch ({torch.__version__}) has no {what}"
             for pattern, (present, what) in needs.items() if not present}
+
+
+def _has_functional_collectives():
+    try:
+        import torch.distributed._functional_collectives as funcol
+    except ImportError:
+        return False
+    return hasattr(funcol, "reduce_scatter_tensor") and hasattr(torch.ops, "_c10d_functional")
+
+
+def functional_average(params, world, flip):
+    """Gradients averaged the way FSDP2 and DTensor do it, with functional
+    collectives (the _c10d_functional ops, waited for where their results are
+    first used): a flat gradient buffer is reduce-scattered, each rank scales
+    its shard and the shards are all-gathered back. `flip`: one bit of this
+    rank's shard is flipped in memory before the all-gather."""
+    import torch.distributed._functional_collectives as funcol
+    group = dist.group.WORLD
+    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    flat = F.pad(flat, (0, -flat.numel() % world))
+    shard = funcol.reduce_scatter_tensor(flat, "sum", 0, group) / world
+    if flip:
+        flip_bit_in_memory(shard, index=3, bit=22)
+    full = funcol.all_gather_tensor(shard, 0, group)
+    offset = 0
+    for p in params:
+        p.grad.copy_(full[offset:offset + p.numel()].view_as(p))
+        offset += p.numel()
 
 
 def wrap(core, pattern):
@@ -122,7 +156,7 @@ class Tokens(torch.utils.data.Dataset):
         return self.data[i]
 
 
-def run(rank, world, pattern):
+def run(rank, world, pattern, fault):
     dist.init_process_group("gloo", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=60))
     torch.manual_seed(1234)
@@ -150,7 +184,10 @@ def run(rank, world, pattern):
             emb = core.tok(idx)
             grad, = torch.autograd.grad(emb.pow(2).sum(), emb, create_graph=True)
             (grad.pow(2).mean() * 0.01).backward()
-        if pattern not in DDP:
+        if pattern == "functional":
+            functional_average(list(model.parameters()), world,
+                               flip=fault == f"shardflip:{rank}:{step}")
+        elif pattern not in DDP:
             for p in model.parameters():
                 dist.all_reduce(p.grad)
                 p.grad /= world
@@ -177,6 +214,9 @@ def run(rank, world, pattern):
                 model.eval()
                 model(idx)
                 model.train()
+        if pattern == "functional":  # the mean loss, all-reduced as DTensor's loss parallel does
+            import torch.distributed._functional_collectives as funcol
+            loss = funcol.all_reduce(loss.detach(), "sum", dist.group.WORLD) / world
         if rank == 0:
             print(f"step {step} loss {loss.item():.6f}", flush=True)
     dist.barrier()  # gloo's threads take the GIL while this rank waits (see _communicated)
@@ -188,6 +228,6 @@ if __name__ == "__main__":
         import json
         print(json.dumps(missing_features()))
         sys.exit(0)
-    if len(sys.argv) != 2 or sys.argv[1] not in PATTERNS:
-        sys.exit(f"usage: train_patterns.py PATTERN ({', '.join(PATTERNS)})")
-    spawn_ranks(run, 2, sys.argv[1])
+    if len(sys.argv) not in (2, 3) or sys.argv[1] not in PATTERNS:
+        sys.exit(f"usage: train_patterns.py PATTERN [FAULT] ({', '.join(PATTERNS)})")
+    spawn_ranks(run, 2, sys.argv[1], sys.argv[2] if len(sys.argv) == 3 else "")
