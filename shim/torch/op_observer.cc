@@ -272,8 +272,9 @@ bool RedispatchesToPython(const at::RecordFunction& fn) {
   for (const c10::IValue& v : fn.inputs()) {
     if (v.isTensor() && HasPythonKey(v.toTensor())) return true;
     if (v.isTensorList()) {
-      for (const at::Tensor& t : v.toTensorList().vec()) {
-        if (HasPythonKey(t)) return true;
+      // The list's IValues in place: no vector of tensors copied per op.
+      for (const c10::IValue& t : v.toListRef()) {
+        if (HasPythonKey(t.toTensor())) return true;
       }
     }
   }
@@ -376,7 +377,9 @@ bool IsInPlace(const char* name) {
 std::unique_ptr<at::ObserverContext> OnFunctionStart(const at::RecordFunction& fn, ThreadState& ts) {
   if (IsEngineWrapper(fn)) return nullptr;
   if (IsAutogradFunction(fn)) return AutogradFunctionStart(ts);
-  if (RedispatchesToPython(fn)) {
+  // Only while recording: otherwise the op is depth-counted as any other
+  // (balanced at its end), and unrecorded ops pay no scan of their inputs.
+  if (Recording() && RedispatchesToPython(fn)) {
     // Remembered for the end, where the inputs are gone.
     auto ctx = std::make_unique<OpContext>();
     ctx->transparent = true;
