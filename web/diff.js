@@ -28,9 +28,12 @@ function summary(report) {
   if (fd) {
     lines.push(el('p', {}, `aligned ${report.aligned.toLocaleString('en')} ops · unaligned before the pivot: ` +
       `reference ${report.unaligned_before.reference}, suspect ${report.unaligned_before.suspect}`));
-    lines.push(el('p', {}, fd.inputs_equal
+    const p = fd.producer;
+    lines.push(el('p', { id: 'evidence' }, fd.inputs_equal
       ? 'inputs identical, output differs → the op itself (kernel race, SDC, wrong code)'
-      : 'inputs differ → an unrecorded producer upstream changed them'));
+      : p ? `inputs differ → an input comes from #${p.op.op_index} ${p.op.op} (${siteText(p.op.site)}) of the ${p.run} run, ` +
+            `which has no partner in the ${p.run === 'suspect' ? 'reference' : 'suspect'}`
+        : 'inputs differ → a producer upstream that was not recorded (or not aligned) changed them'));
   }
   for (const note of report.notes) lines.push(el('p', { class: 'small muted' }, note));
   return el('section', { class: 'summary', id: 'summary' }, lines);

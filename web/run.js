@@ -6,6 +6,14 @@ import { VirtualList } from './virtual.js';
 import { showDetails } from './details.js';
 
 const MAX_SEQ_COLUMNS = 400;
+// Kinds get a colour of their own in the matrix's first row.
+const KINDS = ['all_reduce', 'all_gather', 'reduce_scatter', 'broadcast', 'reduce', 'all_to_all', 'send', 'recv',
+  'barrier', 'gather', 'scatter'];
+
+// seq -> kind of one communicator, from the report's runs of equal kinds.
+function kindAt(runs) {
+  return (seq) => runs.find((k) => k.from_seq <= seq && seq <= k.to_seq)?.kind ?? '';
+}
 
 // Cell state of (rank, seq) on one communicator, from the collectives report.
 function matrix(report) {
@@ -25,7 +33,13 @@ function matrix(report) {
     const flagged = [...marks.keys()].filter((k) => k.startsWith(`${comm.communicator}/`)).map((k) => Number(k.split('/')[1]));
     const start = Math.max(0, Math.min(last - MAX_SEQ_COLUMNS + 1, ...flagged));
     const end = Math.min(last, start + MAX_SEQ_COLUMNS - 1);
-    const rows = comm.ranks.map((r) => {
+    const kind = kindAt(comm.kinds ?? []);
+    const kindCells = [];
+    for (let seq = start; seq <= end; ++seq) {
+      const k = kind(seq);
+      kindCells.push(el('td', { class: `cell kind k${KINDS.indexOf(k)}`, 'data-seq': seq, 'data-kind': k, title: `#${seq} · ${k || 'no record'}` }));
+    }
+    const rows = [el('tr', { class: 'kinds' }, el('th', {}, 'kind'), kindCells), ...comm.ranks.map((r) => {
       const cells = [];
       for (let seq = start; seq <= end; ++seq) {
         let [state, title] = marks.get(`${comm.communicator}/${seq}/${r.rank}`) ?? [];
@@ -33,15 +47,17 @@ function matrix(report) {
           state = seq <= r.last_completed ? 'done' : seq <= r.last_entered ? 'hung' : 'absent';
           title = state === 'done' ? 'completed' : state === 'hung' ? 'entered, never completed' : 'not joined';
         }
-        cells.push(el('td', { class: `cell ${state}`, 'data-seq': seq, 'data-state': state, title: `rank ${r.rank} · #${seq} · ${title}` }));
+        cells.push(el('td', { class: `cell ${state}`, 'data-seq': seq, 'data-state': state, title: `rank ${r.rank} · #${seq} ${kind(seq)} · ${title}` }));
       }
       return el('tr', { 'data-rank': r.rank }, el('th', {}, `rank ${r.rank}`), cells);
-    });
+    })];
+    const seen = [...new Set((comm.kinds ?? []).map((k) => k.kind))];
     const pending = comm.pending_seq !== null
       ? `pending #${comm.pending_seq} ${comm.pending_kind}: waiting ${comm.waiting.join(', ') || '—'}, not joined ${comm.not_joined.join(', ') || '—'}` : 'all completed';
     sections.push(el('div', { class: 'comm' },
       el('h4', {}, `${comm.name || comm.communicator} · collectives #${start}–#${end}${start > 0 ? ` (of ${last + 1})` : ''} · ${pending}`),
-      el('div', { class: 'scroll-x' }, el('table', { class: 'matrix', 'data-communicator': comm.name }, el('tbody', {}, rows)))));
+      el('div', { class: 'scroll-x' }, el('table', { class: 'matrix', 'data-communicator': comm.name }, el('tbody', {}, rows))),
+      el('p', { class: 'legend small' }, seen.flatMap((k) => [el('span', { class: `cell kind k${KINDS.indexOf(k)}` }), ` ${k} `]))));
   }
   return el('section', { id: 'collectives' },
     el('h3', {}, `Collectives: ${report.status === 'identical' ? 'consistent' : report.status}`,

@@ -180,6 +180,15 @@ CollectivesReport CheckCollectives(const std::vector<RankCollectives>& ranks,
       }
       out.waiting = out.waiting || (!live.not_joined.empty() && !live.waiting.empty());
     }
+    for (auto it = table.lower_bound({comm, 0}); it != table.end() && it->first.first == comm; ++it) {
+      const std::string kind = CollectiveKindName(it->second.begin()->second.event->kind);
+      const uint64_t seq = it->first.second;
+      if (!live.kinds.empty() && live.kinds.back().kind == kind && live.kinds.back().last_seq + 1 == seq) {
+        live.kinds.back().last_seq = seq;
+      } else {
+        live.kinds.push_back({seq, seq, kind});
+      }
+    }
     out.live.push_back(std::move(live));
   }
 

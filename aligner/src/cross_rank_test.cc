@@ -108,6 +108,31 @@ TEST(CheckCollectives, ReduceScatterOutputsMayDiffer) {
   EXPECT_TRUE(CheckCollectives(rs, {}, nullptr).mismatches.empty());
 }
 
+TEST(CheckCollectives, LiveViewListsEveryCollectivesKindAsRuns) {
+  // Seqs 0-2 all-gather, 3-4 reduce-scatter, 5 all-reduce, 7 all-gather (no
+  // record of 6 anywhere); rank 1 records a broadcast at seq 5 (a desync:
+  // the lowest rank's record names the kind).
+  std::vector<RankCollectives> rs;
+  for (uint32_t r = 0; r < 2; ++r) {
+    RankCollectives rc{r, {}};
+    for (uint64_t s : {0, 1, 2}) rc.events.push_back(C(1, s, CollectiveKind::kAllGather, 8));
+    for (uint64_t s : {3, 4}) rc.events.push_back(C(1, s, CollectiveKind::kReduceScatter, 8));
+    rc.events.push_back(C(1, 5, r == 0 ? CollectiveKind::kAllReduce : CollectiveKind::kBroadcast, 8));
+    rc.events.push_back(C(1, 7, CollectiveKind::kAllGather, 8));
+    rs.push_back(rc);
+  }
+  CollectivesReport rep = CheckCollectives(rs, {}, nullptr);
+  ASSERT_EQ(rep.live.size(), 1u);
+  const auto& k = rep.live[0].kinds;
+  ASSERT_EQ(k.size(), 4u);
+  EXPECT_EQ(std::tie(k[0].first_seq, k[0].last_seq, k[0].kind), std::make_tuple(0u, 2u, std::string("all_gather")));
+  EXPECT_EQ(std::tie(k[1].first_seq, k[1].last_seq, k[1].kind), std::make_tuple(3u, 4u, std::string("reduce_scatter")));
+  EXPECT_EQ(std::tie(k[2].first_seq, k[2].last_seq, k[2].kind), std::make_tuple(5u, 5u, std::string("all_reduce")));
+  EXPECT_EQ(std::tie(k[3].first_seq, k[3].last_seq, k[3].kind), std::make_tuple(7u, 7u, std::string("all_gather")));
+  ASSERT_EQ(rep.desyncs.size(), 1u);
+  EXPECT_EQ(rep.desyncs[0].seq, 5u);
+}
+
 TEST(CheckCollectives, HungCollectiveNamesWhoHasNotJoined) {
   // Ranks 0, 1, 2 completed seq 0..6 and entered seq 7; rank 3 completed up to 6
   // only. A rank with no record at all of the communicator (rank 4) is a member

@@ -118,6 +118,52 @@ Order CollectiveVsPivot(const CollectiveEvent& c, uint32_t lane, uint64_t op_ind
   return Order::kUnknown;
 }
 
+// Fingerprints of `side`'s input tensors that `other` does not have at the
+// same position.
+std::vector<Fp128> DifferingInputs(const OpView& side, const OpView& other) {
+  std::vector<Fp128> out;
+  for (size_t k = 0; k < side.inputs.size(); ++k) {
+    const auto& tensors = side.inputs[k].tensors;
+    for (size_t t = 0; t < tensors.size(); ++t) {
+      const bool same = k < other.inputs.size() && t < other.inputs[k].tensors.size() &&
+                        other.inputs[k].tensors[t].fingerprint == tensors[t].fingerprint;
+      if (!same) out.push_back(tensors[t].fingerprint);
+    }
+  }
+  return out;
+}
+
+// Unpaired ops whose details FindUnpairedProducer loads, nearest the pivot
+// first: a producer is almost always a few ops upstream, and each load is a
+// store read.
+constexpr int kProducerCandidates = 256;
+
+// The latest op before position `pivot` of `lane` that no pair covers and
+// whose outputs include one of `wanted`.
+std::optional<OpView> FindUnpairedProducer(const LaneTrace& lane, const std::vector<Pair>& pairs, bool ref_side,
+                                           uint32_t pivot, const std::vector<Fp128>& wanted, uint32_t rank,
+                                           const DetailSource* details, const StringResolver* strings) {
+  if (details == nullptr || wanted.empty()) return std::nullopt;
+  std::vector<uint8_t> paired(pivot, 0);
+  for (const Pair& p : pairs) {
+    uint32_t pos = ref_side ? p.ref : p.sus;
+    if (pos < pivot) paired[pos] = 1;
+  }
+  int loaded = 0;
+  for (uint32_t pos = pivot; pos-- > 0 && loaded < kProducerCandidates;) {
+    if (paired[pos]) continue;
+    ++loaded;
+    std::optional<OpDetail> d = details->Find(rank, lane.lane, lane.ops[pos].op_index);
+    if (!d) continue;
+    for (const TensorInfo& out : d->outputs) {
+      if (std::find(wanted.begin(), wanted.end(), out.fingerprint) != wanted.end()) {
+        return MakeOpView(rank, lane.lane, lane.ops[pos], details, strings);
+      }
+    }
+  }
+  return std::nullopt;
+}
+
 FirstDivergence MakeDivergence(const LaneWork& w, uint32_t ref_rank, uint32_t sus_rank,
                                const DiffContext& ctx) {
   const Pair& p = w.al.pairs[*w.pivot];
@@ -136,6 +182,16 @@ FirstDivergence MakeDivergence(const LaneWork& w, uint32_t ref_rank, uint32_t su
     for (size_t k = 0; k < std::max(a, b); ++k) {
       if (k >= a || k >= b || !(fd.reference.outputs[k].fingerprint == fd.suspect.outputs[k].fingerprint)) {
         fd.differing_outputs.push_back(static_cast<uint32_t>(k));
+      }
+    }
+    if (!fd.inputs_equal) {
+      fd.producer = FindUnpairedProducer(*w.sus, w.al.pairs, false, p.sus, DifferingInputs(fd.suspect, fd.reference),
+                                         sus_rank, ctx.suspect_details, ctx.suspect_strings);
+      fd.producer_run = "suspect";
+      if (!fd.producer) {
+        fd.producer = FindUnpairedProducer(*w.ref, w.al.pairs, true, p.ref, DifferingInputs(fd.reference, fd.suspect),
+                                           ref_rank, ctx.reference_details, ctx.reference_strings);
+        fd.producer_run = fd.producer ? "reference" : "";
       }
     }
   }

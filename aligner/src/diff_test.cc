@@ -194,6 +194,63 @@ TEST(DiffRank, DetailsAndSitesAreResolvedForThePivotOnly) {
   EXPECT_EQ(f.differing_outputs, std::vector<uint32_t>{0});
 }
 
+// Details for one op: one tensor input and one tensor output, by fingerprint.
+OpDetail Io(uint64_t op_index, Fp128 in, Fp128 out) {
+  OpDetail d;
+  d.op_index = op_index;
+  InputValue v;
+  v.kind = ValueKind::kTensor;
+  v.tensor.fingerprint = in;
+  d.inputs = {v};
+  d.outputs = {TensorInfo{out, DType::kFloat32, {4}, std::nullopt, -1}};
+  return d;
+}
+
+TEST(DiffRank, InputsDifferNameTheUnpairedOpThatProducedThem) {
+  // The suspect runs two ops the reference lacks (Y, X); X's output is the
+  // pivot C's input. Y is nearer the start, and its output is no input of C.
+  {
+    InMemoryDetails rd, sd;
+    rd.Add(0, Io(2, Fp128{5, 5}, Fp128{1, 1}));
+    sd.Add(0, Io(1, Fp128{0, 0}, Fp128{9, 9}));  // Y
+    sd.Add(0, Io(3, Fp128{0, 0}, Fp128{7, 7}));  // X
+    sd.Add(0, Io(4, Fp128{7, 7}, Fp128{2, 2}));  // C
+    DiffContext ctx{&rd, &sd, nullptr, nullptr, {}};
+    RankDiff d = Diff(Rank(0, "A B C D"), Rank(0, "A Y B X ~C#bad D"), ctx);
+    ASSERT_EQ(d.status, DiffStatus::kDiverged);
+    const FirstDivergence& f = *d.first_divergence;
+    EXPECT_EQ(f.suspect.op_index, 4u);
+    ASSERT_TRUE(f.producer);
+    EXPECT_EQ(f.producer_run, "suspect");
+    EXPECT_EQ(f.producer->op_index, 3u);
+  }
+  {
+    // The reference runs X, which the suspect lacks.
+    InMemoryDetails rd, sd;
+    rd.Add(0, Io(2, Fp128{0, 0}, Fp128{7, 7}));  // X
+    rd.Add(0, Io(3, Fp128{7, 7}, Fp128{1, 1}));  // C
+    sd.Add(0, Io(2, Fp128{5, 5}, Fp128{2, 2}));
+    DiffContext ctx{&rd, &sd, nullptr, nullptr, {}};
+    RankDiff d = Diff(Rank(0, "A B X C D"), Rank(0, "A B ~C#bad D"), ctx);
+    ASSERT_EQ(d.status, DiffStatus::kDiverged);
+    ASSERT_TRUE(d.first_divergence->producer);
+    EXPECT_EQ(d.first_divergence->producer_run, "reference");
+    EXPECT_EQ(d.first_divergence->producer->op_index, 2u);
+  }
+  {
+    // No unpaired op produced the input: none is named.
+    InMemoryDetails rd, sd;
+    rd.Add(0, Io(2, Fp128{5, 5}, Fp128{1, 1}));
+    sd.Add(0, Io(1, Fp128{0, 0}, Fp128{9, 9}));
+    sd.Add(0, Io(3, Fp128{6, 6}, Fp128{2, 2}));
+    DiffContext ctx{&rd, &sd, nullptr, nullptr, {}};
+    RankDiff d = Diff(Rank(0, "A B C D"), Rank(0, "A Y B ~C#bad D"), ctx);
+    ASSERT_EQ(d.status, DiffStatus::kDiverged);
+    EXPECT_FALSE(d.first_divergence->producer);
+    EXPECT_EQ(d.first_divergence->producer_run, "");
+  }
+}
+
 TEST(DiffRank, RejectsMalformedTraces) {
   RankTrace r = Rank(0, "A B C");
   r.lanes[0].ops[2].op_index = 1;

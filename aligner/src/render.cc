@@ -129,6 +129,7 @@ json Divergence(const std::optional<FirstDivergence>& f) {
               {"forward_site", ForwardSites(*f)},
               {"inputs_equal", f->inputs_equal},
               {"differing_outputs", f->differing_outputs},
+              {"producer", f->producer ? json{{"run", f->producer_run}, {"op", View(*f->producer)}} : json(nullptr)},
               {"reference", View(f->reference)},
               {"suspect", View(f->suspect)}};
 }
@@ -212,6 +213,11 @@ void PivotText(std::ostringstream& o, const FirstDivergence& f, const char* head
 void EvidenceText(std::ostringstream& o, const FirstDivergence& f) {
   if (f.inputs_equal) {
     o << "inputs identical (fingerprints equal), output differs → the op itself (kernel race, SDC, wrong code)\n";
+  } else if (f.producer) {
+    const OpView& p = *f.producer;
+    o << "inputs differ, output differs → an input comes from op #" << p.op_index << " " << p.op << " ("
+      << SiteText(p.site) << ") of the " << f.producer_run << " run, which has no partner in the "
+      << (f.producer_run == "suspect" ? "reference" : "suspect") << "\n";
   } else {
     o << "inputs differ, output differs → a producer upstream that was not recorded (or not aligned)\n";
   }
@@ -342,6 +348,8 @@ json ToJson(const CollectivesReport& r) {
       ranks.push_back(json{{"rank", p.rank}, {"last_entered", p.last_entered}, {"last_completed", p.last_completed},
                            {"last_step", p.last_step}, {"last_site", Site(p.last_site)}});
     }
+    json kinds = json::array();
+    for (const auto& k : c.kinds) kinds.push_back(json{{"from_seq", k.first_seq}, {"to_seq", k.last_seq}, {"kind", k.kind}});
     live.push_back(json{{"communicator", Hex64(c.communicator)},
                         {"name", c.name},
                         {"ranks", ranks},
@@ -349,7 +357,8 @@ json ToJson(const CollectivesReport& r) {
                         {"pending_kind", c.pending_kind},
                         {"waiting", c.waiting},
                         {"not_joined", c.not_joined},
-                        {"waiting_since_ns", c.waiting_since_ns}});
+                        {"waiting_since_ns", c.waiting_since_ns},
+                        {"kinds", kinds}});
   }
   return json{{"format", kReportFormat},   {"kind", "collectives"},       {"status", DiffStatusName(r.status)},
               {"collectives", r.collectives}, {"desyncs", desyncs},       {"mismatches", mismatches},

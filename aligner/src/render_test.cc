@@ -43,10 +43,10 @@ struct Fixture {
   }
 };
 
-RankDiff Sample(const Fixture& f) {
+RankDiff Sample(const Fixture& f, const std::string& pivot = "C#bad") {
   std::string ins;
   for (int i = 0; i < 33; ++i) ins += "I" + std::to_string(i) + " ";
-  RankTrace r = Rank(3, "A B C D E F G H I J K"), s = Rank(3, "A B " + ins + "C#bad D E F G H I J K");
+  RankTrace r = Rank(3, "A B C D E F G H I J K"), s = Rank(3, "A B " + ins + pivot + " D E F G H I J K");
   for (RankTrace* t : {&r, &s}) {
     for (OpEvent& e : t->lanes[0].ops) e.step = 12;
   }
@@ -110,6 +110,38 @@ TEST(Render, BackwardPivotNamesItsForwardCallSite) {
   EXPECT_EQ(fd["site"]["suspect"]["line"], 214);  // the op's own line stays the site
   std::string text = ToText(rep);
   EXPECT_NE(text.find("  in the backward of the forward at train.py:150 in attention_apply\n"),
+            std::string::npos)
+      << text;
+}
+
+// The pivot's input differs because the suspect ran an op the reference
+// lacks (I32, unaligned, just before it): the evidence names that op.
+TEST(Render, InputsDifferNameTheUnpairedProducer) {
+  Fixture f;
+  f.strings.AddString(Id("op:I32"), "aten::mul");
+  f.strings.AddSite(Id("site:I32"), {1, 88, 2});
+  for (InMemoryDetails* details : {&f.ref_details, &f.sus_details}) {
+    const bool sus = details == &f.sus_details;
+    OpDetail d = *details->Find(3, 0, sus ? 35 : 2);
+    d.inputs[0].kind = ValueKind::kTensor;
+    d.inputs[0].tensor.fingerprint = sus ? Fp128{3, 4} : Fp128{1, 2};
+    details->Add(3, d);
+  }
+  OpDetail mul;
+  mul.op_index = 34;
+  mul.name = Id("op:I32");
+  mul.site = Id("site:I32");
+  mul.outputs = {TensorInfo{Fp128{3, 4}, DType::kBFloat16, {2, 3}, std::nullopt, 0}};
+  f.sus_details.Add(3, mul);
+  DiffReport rep = MergeRankDiffs({Sample(f, "~C#bad")}, {3});
+  const nlohmann::json fd = ToJson(rep)["first_divergence"];
+  EXPECT_EQ(fd["inputs_equal"], false);
+  EXPECT_EQ(fd["producer"]["run"], "suspect");
+  EXPECT_EQ(fd["producer"]["op"]["op_index"], 34);
+  EXPECT_EQ(fd["producer"]["op"]["op"], "aten::mul");
+  std::string text = ToText(rep);
+  EXPECT_NE(text.find("inputs differ, output differs → an input comes from op #34 aten::mul (train.py:88 in "
+                      "scatter_router_mask) of the suspect run, which has no partner in the reference\n"),
             std::string::npos)
       << text;
 }

@@ -173,6 +173,17 @@ int Daemon::Run() {
   });
   d.service = std::make_unique<QueryService>(c, d.store.get(), &d.registry, d.ingest.get(), &d.metrics);
   d.query_server = std::make_unique<QueryServer>(c, d.service.get(), &d.metrics, &d.context);
+  // Peers ask for the JSON API of ranks stored here; they get this node's
+  // answer only (no viewer files, no forwarding again).
+  d.service->SetApiRouter([&d](const std::string& target) -> std::pair<int, std::string> {
+    if (!IsForwardableApiRoute(target)) return {400, R"({"error":"not a JSON API route peers answer"})"};
+    try {
+      HttpResponse r = RouteHttp("GET", target, d.service.get(), &d.metrics, d.store.get());
+      return {r.status, std::move(r.body)};
+    } catch (const std::exception& e) {
+      return {500, nlohmann::json{{"error", std::string("internal error: ") + e.what()}}.dump()};
+    }
+  });
 
   // Signals first, so a SIGTERM during startup still stops cleanly.
   asio::signal_set signals(d.io, SIGTERM, SIGINT);

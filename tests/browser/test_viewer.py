@@ -172,6 +172,15 @@ class RealTraining(ViewerTestCase):
         cells = matrix.find_elements(By.CSS_SELECTOR, "td[data-state=desync]")
         self.assertEqual(sorted(c.get_attribute("data-seq") for c in cells), [str(desync["seq"])] * RANKS)
         self.assertIn("1 desync(s)", self.driver.find_element(By.CSS_SELECTOR, "#collectives h3").text)
+        # The first row names each column's kind, as the report's runs of kinds say.
+        kinds = {c.get_attribute("data-seq"): c.get_attribute("data-kind")
+                 for c in matrix.find_elements(By.CSS_SELECTOR, "tr.kinds td")}
+        self.assertEqual(kinds[str(desync["seq"])], desync["members"][0]["kind"])
+        world = next(c for c in report["live"] if c["name"] == "world")
+        for run in world["kinds"]:
+            for seq in {run["from_seq"], run["to_seq"]} & {int(s) for s in kinds}:
+                self.assertEqual(kinds[str(seq)], run["kind"])
+        self.assertGreater(len(set(kinds.values()) - {""}), 1, kinds)
         self.assertIn("diverged", self.driver.find_element(By.ID, "cross-rank").text)
         # The rank's ops are listed; a click shows an op's details and source.
         self.wait(".vlist.ops .orow").click()

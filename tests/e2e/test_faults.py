@@ -95,6 +95,13 @@ class Faults(harness.DaemonTestCase):
         first = self.assert_pivot(report, rank=2, step=0, op="aten::matmul",
                                   line=harness.line_of(TRAIN, "scores = torch.matmul(q, k"))
         self.assertFalse(first["inputs_equal"])  # q is scaled in one run only
+        # The reference scales q before the product: that op has no partner in
+        # the suspect (which scales the scores), and the report names it.
+        producer = first["producer"]
+        self.assertIsNotNone(producer, json.dumps(first)[:2000])
+        self.assertEqual(producer["run"], "reference")
+        self.assertEqual(producer["op"]["op"], "aten::mul")
+        self.assertEqual(producer["op"]["site"]["line"], harness.line_of(TRAIN, "scores = torch.matmul(q, k"))
         self.assertEqual({e["rank"] for e in report["explained"]}, {0, 1, 3})
 
     def test_extra_logging_ops_are_not_a_divergence(self):

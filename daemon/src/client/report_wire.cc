@@ -159,8 +159,10 @@ Offset<wire::FirstDivergence> FirstToWire(FlatBufferBuilder& b,
   auto ref = OpViewToWire(b, f->reference);
   auto sus = OpViewToWire(b, f->suspect);
   auto differing = b.CreateVector(f->differing_outputs);
+  auto producer = f->producer ? OpViewToWire(b, *f->producer) : Offset<wire::OpView>();
+  auto producer_run = b.CreateString(f->producer_run);
   return wire::CreateFirstDivergence(b, f->rank, f->lane, f->step, op, ref, sus, f->inputs_equal,
-                                     differing);
+                                     differing, producer, producer_run);
 }
 
 std::optional<aligner::FirstDivergence> FirstFromWire(const wire::FirstDivergence* w) {
@@ -174,6 +176,8 @@ std::optional<aligner::FirstDivergence> FirstFromWire(const wire::FirstDivergenc
   f.suspect = OpViewFromWire(w->suspect());
   f.inputs_equal = w->inputs_equal();
   f.differing_outputs = Vec(w->differing_outputs());
+  if (w->producer() != nullptr) f.producer = OpViewFromWire(w->producer());
+  f.producer_run = Str(w->producer_run());
   return f;
 }
 

@@ -153,6 +153,24 @@ TEST(RankDiffWire, PivotSitesTravel) {
   EXPECT_EQ(s.forward_site.line, 150u);
   EXPECT_EQ(s.forward_site.function, "forward");
   EXPECT_EQ(back.first_divergence->reference.forward_site.id, 0u);
+  EXPECT_FALSE(back.first_divergence->producer);
+  EXPECT_EQ(back.first_divergence->producer_run, "");
+
+  // An unpaired producer of a differing input travels with the pivot.
+  aligner::OpView mul;
+  mul.op_index = 41;
+  mul.op = "aten::mul";
+  mul.site = {11, "train.py", 80, "forward"};
+  d.first_divergence->producer = mul;
+  d.first_divergence->producer_run = "reference";
+  b.Clear();
+  b.Finish(RankDiffToWire(b, d));
+  back = RankDiffFromWire(*flatbuffers::GetRoot<wire::RankDiff>(b.GetBufferPointer()));
+  ASSERT_TRUE(back.first_divergence && back.first_divergence->producer);
+  EXPECT_EQ(back.first_divergence->producer_run, "reference");
+  EXPECT_EQ(back.first_divergence->producer->op_index, 41u);
+  EXPECT_EQ(back.first_divergence->producer->op, "aten::mul");
+  EXPECT_EQ(back.first_divergence->producer->site.line, 80u);
 }
 
 }  // namespace

@@ -602,4 +602,24 @@ Result<std::string> ClusterQueries::Ranks(const wire::RanksRequest& q) {
   return Bytes(b);
 }
 
+bool ClusterQueries::HasPeers() const {
+  return std::any_of(config_.peers.begin(), config_.peers.end(),
+                     [this](const std::string& peer) { return peer != config_.listen; });
+}
+
+std::optional<std::pair<int, std::string>> ClusterQueries::ForwardApi(const std::string& target,
+                                                                      std::chrono::milliseconds timeout) {
+  FlatBufferBuilder b;
+  wire::FinishEnvelope(b, wire::CreateApiRequest(b, b.CreateString(target)));
+  std::optional<std::pair<int, std::string>> found;
+  for (PeerCall& c : AskPeers(config_, b, timeout)) {
+    Result<Answer> answer = c.answer.get();  // every call is joined, also after a find
+    if (found || !answer.ok()) continue;
+    const auto* a = answer->envelope()->message_as_ApiAnswer();
+    if (a == nullptr || a->status() == 404) continue;
+    found.emplace(a->status(), a->body() ? a->body()->str() : std::string("{}"));
+  }
+  return found;
+}
+
 }  // namespace opguard::daemon

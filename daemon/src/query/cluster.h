@@ -21,7 +21,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <optional>
 #include <string>
+#include <utility>
 
 #include "opguard/daemon/config.h"
 #include "opguard/idl/envelope.h"
@@ -41,6 +43,15 @@ class ClusterQueries {
   Result<std::string> Diff(const wire::DiffRequest& q);
   Result<std::string> Ranks(const wire::RanksRequest& q);
   Result<std::string> Collectives(const wire::CollectivesRequest& q);
+
+  // A JSON API GET this node answered 404 (it does not hold the run or rank
+  // the target names), asked of every peer in parallel (ApiRequest): the
+  // first peer answer in the peers' order that is not a 404, as {HTTP status,
+  // JSON body}; nullopt when every peer answered 404 or failed to answer
+  // within `timeout`.
+  std::optional<std::pair<int, std::string>> ForwardApi(const std::string& target,
+                                                        std::chrono::milliseconds timeout);
+  bool HasPeers() const;
 
   // Makes running and later alignments give up (daemon shutdown). Any thread.
   void Cancel() { cancel_ = true; }

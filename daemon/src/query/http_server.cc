@@ -129,17 +129,27 @@ class Session : public std::enable_shared_from_this<Session> {
     auto& req = parser_->get();
     metrics_->http_requests.fetch_add(1, std::memory_order_relaxed);
     std::string method(req.method_string()), target(req.target());
-    if (IsAlignerRoute(target)) {
-      // Off the control thread (signals, health, watchdog); the answer comes
-      // back to this connection's strand. A diff may outlast the idle timeout.
-      stream_.expires_never();
-      service_->RunAligner(false, [self = shared_from_this(), method, target] {
-        HttpResponse r = self->Route(method, target);
-        boost::asio::post(self->stream_.get_executor(), [self, r = std::move(r)]() mutable { self->Write(std::move(r)); });
-      });
-      return;
+    const bool aligner = IsAlignerRoute(target);
+    std::optional<HttpResponse> local;
+    if (!aligner) {
+      local = Route(method, target);
+      if (!NeedsPeers(*local, target)) return Write(std::move(*local));
     }
-    Write(Route(method, target));
+    // Off the control thread (signals, health, watchdog): alignments, and
+    // asking peers for what this node does not hold. The answer comes back
+    // to this connection's strand. A diff may outlast the idle timeout.
+    stream_.expires_never();
+    service_->RunAligner(false, [self = shared_from_this(), method, target, local = std::move(local)]() mutable {
+      HttpResponse r = local ? std::move(*local) : self->Route(method, target);
+      if (self->NeedsPeers(r, target)) {
+        if (auto peer = self->service_->ForwardApi(target)) r = {peer->first, "application/json", std::move(peer->second)};
+      }
+      boost::asio::post(self->stream_.get_executor(), [self, r = std::move(r)]() mutable { self->Write(std::move(r)); });
+    });
+  }
+
+  bool NeedsPeers(const HttpResponse& r, const std::string& target) const {
+    return r.status == 404 && service_->HasPeers() && IsForwardableApiRoute(target);
   }
 
   HttpResponse Route(const std::string& method, const std::string& target) {
@@ -199,6 +209,17 @@ bool IsAlignerRoute(const std::string& target) {
   if (parts.size() == 2 && parts[0] == "api" && (parts[1] == "diff" || parts[1] == "alignment")) return true;
   return parts.size() == 4 && parts[0] == "api" && parts[1] == "runs" &&
          (parts[3] == "ranks" || parts[3] == "collectives");
+}
+
+bool IsForwardableApiRoute(const std::string& target) {
+  std::string_view path = target;
+  if (auto q = path.find('?'); q != std::string_view::npos) path = path.substr(0, q);
+  auto split = SplitPath(path);
+  if (!split || split->size() < 2 || (*split)[0] != "api") return false;
+  const auto& parts = *split;
+  if (parts.size() == 2) return parts[1] == "alignment" || parts[1] == "source";
+  if (parts[1] != "runs") return false;
+  return parts.size() == 3 || (parts.size() == 6 && parts[3] == "ranks" && (parts[5] == "trace" || parts[5] == "lanes"));
 }
 
 namespace {

@@ -48,6 +48,12 @@ struct HttpResponse {
 // an aligner worker, never on the control thread.
 bool IsAlignerRoute(const std::string& target);
 
+// Routes that name one run's rank or the run itself (alignment, trace,
+// lanes, source, run metadata): a node that answers 404 for them asks its
+// peers (QueryService::ForwardApi), since on a cluster the rank may be stored
+// on another node. Peers answer them from their own data (ApiRequest).
+bool IsForwardableApiRoute(const std::string& target);
+
 // Routes one request; pure function of the daemon state (unit-testable).
 // `web_root` holds the viewer's files ("" : not installed, pages answer 404).
 HttpResponse RouteHttp(const std::string& method, const std::string& target, QueryService* service,

@@ -93,6 +93,7 @@ bool QueryService::IsAlignerRequest(const void* data, size_t size, bool* local_o
     case wire::Message::CollectivesRequest:
       *local_only = env->message_as_CollectivesRequest()->local_only();
       return true;
+    case wire::Message::ApiRequest: *local_only = true; return true;  // may align: a peer's request
     default: return false;
   }
 }
@@ -199,6 +200,12 @@ Result<nlohmann::json> QueryService::LanesJson(const std::string& name, uint32_t
   return nlohmann::json{{"run", name}, {"rank", rank}, {"lanes", lanes}};
 }
 
+void QueryService::SetApiRouter(ApiRouter router) { api_router_ = std::move(router); }
+
+std::optional<std::pair<int, std::string>> QueryService::ForwardApi(const std::string& target) {
+  return cluster_.ForwardApi(target, kDefaultPeerTimeout);
+}
+
 void QueryService::SetHttpAddress(std::string address) {
   std::lock_guard<std::mutex> lock(mu_);
   http_address_ = std::move(address);
@@ -280,6 +287,16 @@ std::string QueryService::Answer(const void* data, size_t size) {
       case wire::Message::ListRunsRequest:
         wire::FinishEnvelope(b, ListRunsAnswer(b));
         break;
+      case wire::Message::ApiRequest: {
+        const auto* target = env->message_as_ApiRequest()->target();
+        if (!api_router_ || target == nullptr) {
+          error("this daemon does not answer JSON API requests");
+          break;
+        }
+        auto [status, body] = api_router_(target->str());
+        wire::FinishEnvelope(b, wire::CreateApiAnswer(b, static_cast<uint16_t>(status), b.CreateString(body)));
+        break;
+      }
       case wire::Message::ReadTraceRequest: {
         const auto* q = env->message_as_ReadTraceRequest();
         auto page = ReadTrace(q->run() ? q->run()->str() : "", q->rank(), q->lane(), q->from_op(),

@@ -21,6 +21,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -93,6 +94,17 @@ class QueryService {
   // The lanes of a rank with their last op index (the viewer sizes its lists).
   Result<nlohmann::json> LanesJson(const std::string& run, uint32_t rank) const;
 
+  // The HTTP JSON API without forwarding, as a peer's ApiRequest gets it:
+  // {HTTP status, JSON body} for a target IsForwardableApiRoute accepts. Set
+  // once by the daemon before serving; without it peers' requests fail.
+  using ApiRouter = std::function<std::pair<int, std::string>(const std::string& target)>;
+  void SetApiRouter(ApiRouter router);
+  // Whether peers are configured, and the first peer answer to a forwardable
+  // JSON API target this node answered 404 (ClusterQueries::ForwardApi,
+  // bounded by the default peer timeout). Aligner worker threads only.
+  bool HasPeers() const { return cluster_.HasPeers(); }
+  std::optional<std::pair<int, std::string>> ForwardApi(const std::string& target);
+
   // JSON faces (docs/daemon.md documents the fields), rendered from the
   // answers below.
   nlohmann::json RunJson(const RunState& run) const;
@@ -113,6 +125,7 @@ class QueryService {
   const std::chrono::steady_clock::time_point started_;
   mutable std::mutex mu_;
   std::string http_address_;
+  ApiRouter api_router_;  // set before serving, read-only after
   ClusterQueries cluster_;
   AlignmentViews alignments_;
   boost::asio::thread_pool align_pool_{2};  // requests from the CLI and HTTP

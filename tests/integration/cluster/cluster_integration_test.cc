@@ -351,5 +351,65 @@ TEST_F(ThreeNodes, AHangAcrossNodesNamesTheMissingRank) {
   EXPECT_EQ(j["live"][0]["waiting"], json::array({0, 1, 2, 3, 5}));
 }
 
+// The viewer talks to one node; the ranks it pages through may be stored on
+// another. Rank-local JSON API routes this node answers 404 are asked of the
+// peers, which answer from their own data.
+TEST_F(ThreeNodes, TheViewerOfAnyNodeReadsRanksStoredOnAnother) {
+  StartNodes();
+  Record("ref", "");
+  Record("sus", "--diverge-at 3:777");
+  const DaemonProcess& front = *daemons_[0];  // holds ranks 0 and 1
+  auto get = [](const DaemonProcess& d, const std::string& target) {
+    auto r = testing::HttpGet(d.http(), target, std::chrono::seconds(60));
+    EXPECT_TRUE(r.ok()) << target << ": " << r.status().message();
+    return r.ok() ? *r : testing::HttpResult{};
+  };
+  // Rank 3 lives on node 1: node 0 serves the same alignment page node 1 does.
+  const std::string page = "/api/alignment?reference=ref&suspect=sus&rank=3&from=700&count=100&op=777";
+  auto forwarded = get(front, page);
+  ASSERT_EQ(forwarded.status, 200) << forwarded.body;
+  auto own = get(*daemons_[1], page);
+  EXPECT_EQ(forwarded.body, own.body);
+  json a = json::parse(forwarded.body);
+  EXPECT_EQ(a["rank"], 3);
+  EXPECT_EQ(a["rows"].size(), 100u);
+  ASSERT_FALSE(a["located"].is_null()) << forwarded.body;
+  EXPECT_EQ(a["rows"][a["located"].get<int>() - 700]["suspect"]["op_index"], 777);
+  EXPECT_GE(a["first_differing_row"].get<int64_t>(), 0);
+  // Lanes and trace pages of node 2's ranks.
+  auto lanes = get(front, "/api/runs/sus/ranks/5/lanes");
+  ASSERT_EQ(lanes.status, 200) << lanes.body;
+  EXPECT_EQ(json::parse(lanes.body)["rank"], 5);
+  EXPECT_FALSE(json::parse(lanes.body)["lanes"].empty());
+  auto trace = get(front, "/api/runs/sus/ranks/4/trace?lane=0&from=10&count=5");
+  ASSERT_EQ(trace.status, 200) << trace.body;
+  EXPECT_EQ(json::parse(trace.body)["ops"].size(), 5u);
+  EXPECT_EQ(json::parse(trace.body)["ops"][0]["op_index"], 10);
+  // A run only node 2 holds: its metadata and its source files.
+  Loadgen(*daemons_[2], "--run solo --ranks 1 --first-rank 4 --world-size 6 --ops 200 --seed 3");
+  auto run = get(front, "/api/runs/solo");
+  ASSERT_EQ(run.status, 200) << run.body;
+  EXPECT_EQ(json::parse(run.body)["name"], "solo");
+  auto source = get(front, "/api/source?run=solo&file=model.py");
+  ASSERT_EQ(source.status, 200) << source.body;
+  EXPECT_FALSE(json::parse(source.body)["text"].get<std::string>().empty());
+  // What no node holds stays a 404 with this node's own message.
+  auto nowhere = get(front, "/api/alignment?reference=ref&suspect=sus&rank=9");
+  EXPECT_EQ(nowhere.status, 404) << nowhere.body;
+  EXPECT_NE(nowhere.body.find("rank 9"), std::string::npos) << nowhere.body;
+  // Routes that are not rank-local are not forwarded, and a peer refuses them.
+  EXPECT_EQ(get(front, "/api/nothing").status, 404);
+  DaemonClient peer(daemons_[1]->query());
+  flatbuffers::FlatBufferBuilder b;
+  wire::FinishEnvelope(b, wire::CreateApiRequest(b, b.CreateString("/metrics")));
+  auto refused = peer.Call(b);
+  ASSERT_TRUE(refused.ok()) << refused.status().message();
+  ASSERT_NE(refused->envelope()->message_as_ApiAnswer(), nullptr);
+  EXPECT_EQ(refused->envelope()->message_as_ApiAnswer()->status(), 400);
+  // The node holding rank 5 is gone: its ranks are a 404 again.
+  daemons_[2]->Kill9();
+  EXPECT_EQ(get(front, "/api/runs/sus/ranks/5/lanes").status, 404);
+}
+
 }  // namespace
 }  // namespace opguard::daemon

@@ -68,6 +68,12 @@ struct FirstDivergence {
   OpView suspect;
   bool inputs_equal = false;   // true: the op itself produced the difference
   std::vector<uint32_t> differing_outputs;  // output positions whose fingerprints differ
+  // Inputs differ: the recorded op without a partner, before the pivot, whose
+  // output is one of the inputs that differ (the suspect run's, else the
+  // reference's), when there is one. It was not compared (unaligned), so it
+  // is where the difference entered: an op one run has and the other lacks.
+  std::optional<OpView> producer;
+  std::string producer_run;    // "suspect" | "reference"; empty without a producer
 };
 
 struct MissingRange {
@@ -215,6 +221,15 @@ struct CommunicatorLive {
   std::vector<uint32_t> waiting;     // entered pending_seq, not completed
   std::vector<uint32_t> not_joined;  // members that have not entered pending_seq
   uint64_t waiting_since_ns = 0;     // earliest Entered time among the waiters
+  // The kind of every collective recorded on it, by sequence number, as runs
+  // of equal kinds (a training step's all-reduces are one run). Where members
+  // disagree (a desync, reported apart) the lowest rank's record names it.
+  struct KindRun {
+    uint64_t first_seq = 0;
+    uint64_t last_seq = 0;
+    std::string kind;
+  };
+  std::vector<KindRun> kinds;
 };
 
 struct CollectivesReport {
