@@ -1,0 +1,116 @@
+// What libopguard_nccl.so records about the NCCL calls it forwards: the
+// communicators (identity, name, size), one sequence per communicator, group
+// semantics, and the Entered/Completed records with buffer fingerprints,
+// through the shim's C API. Only the interposer (interposer.cc) calls it, and
+// only while recording (OPGUARD=1); every call is thread-safe.
+#pragma once
+
+#include <nccl.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "opguard/shim.h"
+
+namespace opguard::nccl {
+
+// One collective or point-to-point call as the application made it.
+struct Call {
+  uint8_t kind = OPGUARD_COLL_UNKNOWN;  // OPGUARD_COLL_*
+  ncclComm_t comm = nullptr;
+  ncclDataType_t type = ncclFloat32;
+  ncclRedOp_t op = ncclSum;
+  bool reduces = false;
+  size_t count = 0;                     // NCCL's count argument
+  int root = -1;                        // root or peer, -1 none
+  cudaStream_t stream = nullptr;
+  // Buffers and their sizes in `count`s: 1, or `scale_by_ranks` for
+  // count × communicator size; root_only: only the root reads/writes it.
+  struct Buffer {
+    const void* data = nullptr;
+    bool used = false;
+    bool scale_by_ranks = false;
+    bool root_only = false;
+  };
+  Buffer input, output;
+};
+
+class Recorder {
+ public:
+  static Recorder& Get();
+
+  // A communicator NCCL created (the call succeeded or is in progress).
+  // `nranks` and `rank` may be -1 when not known yet.
+  void AddCommunicator(ncclComm_t comm, uint64_t identity, const std::string& name, int nranks, int rank);
+  // Identity and next split/shrink ordinal of a known communicator; false if
+  // it is not known (created before recording started, or not recorded).
+  bool NextSplit(ncclComm_t parent, uint64_t* identity, uint64_t* ordinal, std::string* name);
+  bool NextShrink(ncclComm_t parent, uint64_t* identity, uint64_t* ordinal, std::string* name);
+  void RemoveCommunicator(ncclComm_t comm);
+
+  // A collective or point-to-point call: forwards it with `forward` and
+  // returns NCCL's result unchanged. Outside a group the call is recorded
+  // once NCCL accepted it; inside one it is recorded at the outermost
+  // GroupEnd, when NCCL issues it.
+  ncclResult_t Collective(const Call& call, const std::function<ncclResult_t()>& forward);
+  ncclResult_t GroupStart(const std::function<ncclResult_t()>& forward);
+  ncclResult_t GroupEnd(const std::function<ncclResult_t()>& forward);
+
+ private:
+  struct Communicator {
+    uint64_t id = 0;
+    std::string name;
+    int nranks = -1;
+    int rank = -1;
+    bool recorded = true;  // false: another member of it lives in this process
+    bool defined = false;
+    uint64_t next_seq = 0;
+    uint64_t splits = 0;
+    uint64_t shrinks = 0;
+    // Point-to-point: (channel, kind) -> next sequence number. A process is
+    // the sender or the receiver of a channel, both only for sends to itself.
+    std::map<std::pair<uint64_t, uint8_t>, uint64_t> channel_seq;
+  };
+
+  // A call NCCL accepted, waiting to be issued or recorded.
+  struct Pending {
+    Call call;
+    uint64_t time_ns = 0;  // when the application made the call
+    uint64_t communicator = 0;
+    uint64_t input_elements = 0, output_elements = 0;
+    int64_t input_shape = 0;
+    bool has_input = false;
+    opguard_tensor input{};
+  };
+
+  Communicator* FindLocked(ncclComm_t comm);
+  // Fills what recording needs from the communicator; false if the call is
+  // not recorded (unknown communicator, or one not recorded here).
+  bool Prepare(const Call& call, Pending* out);
+  // Fingerprints the input; call it before the call is issued.
+  static void TakeInput(Pending& p);
+  // Records Entered (with the input) and Completed (input and output) for
+  // each call, in call order, once their operations completed.
+  void Record(std::vector<Pending>& calls);
+  // The sequence number and communicator id of the call, after those of
+  // earlier calls on the same communicator (or point-to-point channel).
+  uint64_t NextSeq(const Pending& p, uint64_t* communicator);
+
+  // Calls of this thread's open group, issued by its outermost GroupEnd
+  // (NCCL's group state is per thread too).
+  static thread_local std::vector<Pending> group_calls_;
+
+  std::mutex mu_;
+  std::unordered_map<ncclComm_t, Communicator> comms_;
+  std::unordered_map<uint64_t, int> members_here_;  // identity -> members in this process
+};
+
+uint8_t DTypeOf(ncclDataType_t type);
+uint64_t WallNs();
+
+}  // namespace opguard::nccl
