@@ -3,10 +3,10 @@
 //   OPGUARD=1, OPGUARD_RUN=NAME (with --run), and libopguard_nccl.so first in
 //   LD_PRELOAD (found next to this opguard: installed, or in the build tree).
 // Everything CMD starts inherits that (torchrun's ranks, mpirun's, srun's).
-#include <CLI/CLI.hpp>
 #include <limits.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
@@ -39,14 +39,16 @@ std::vector<fs::path> Candidates(const fs::path& bin_dir) {
 bool ValidRunName(const std::string& name) {
   if (name.empty() || name.size() > 128) return false;
   for (char c : name) {
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-')) return false;
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-'))
+      return false;
   }
   return true;
 }
 
 int Main(const Exec& e) {
   if (!e.run.empty() && !ValidRunName(e.run)) {
-    std::fprintf(stderr, "opguard exec: --run '%s' is invalid: 1-128 characters of A-Z a-z 0-9 . _ -\n",
+    std::fprintf(stderr,
+                 "opguard exec: --run '%s' is invalid: 1-128 characters of A-Z a-z 0-9 . _ -\n",
                  e.run.c_str());
     return kExitError;
   }
@@ -63,7 +65,9 @@ int Main(const Exec& e) {
     looked += (looked.empty() ? "" : ", ") + p.lexically_normal().string();
   }
   if (library.empty()) {
-    std::fprintf(stderr, "opguard exec: libopguard_nccl.so not found (looked in %s); reinstall the opguard package\n",
+    std::fprintf(stderr,
+                 "opguard exec: libopguard_nccl.so not found (looked in %s); reinstall the opguard "
+                 "package\n",
                  looked.c_str());
     return kExitError;
   }
@@ -90,7 +94,8 @@ int Main(const Exec& e) {
 
 std::function<int()> AddExec(CLI::App& cmd, const DaemonArgs&) {
   auto e = std::make_shared<Exec>();
-  cmd.add_option("--run", e->run, "the run's name (OPGUARD_RUN; default: the shim's)")->option_text("NAME");
+  cmd.add_option("--run", e->run, "the run's name (OPGUARD_RUN; default: the shim's)")
+      ->option_text("NAME");
   cmd.add_option("COMMAND", e->command, "the program and its arguments, after --")
       ->required()
       ->expected(1, INT_MAX);
@@ -105,7 +110,8 @@ std::function<int()> AddExec(CLI::App& cmd, const DaemonArgs&) {
 
 }  // namespace
 
-OPGUARD_CLI_COMMAND(exec, "exec", "run a command recorded: OPGUARD=1 and the NCCL interposer preloaded",
+OPGUARD_CLI_COMMAND(exec, "exec",
+                    "run a command recorded: OPGUARD=1 and the NCCL interposer preloaded",
                     &AddExec);
 
 }  // namespace opguard::cli

@@ -49,7 +49,8 @@ class Driver {
     if (lib == nullptr) lib = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
     if (lib == nullptr) return;
     init_ = reinterpret_cast<decltype(init_)>(dlsym(lib, "cuInit"));
-    get_attribute_ = reinterpret_cast<decltype(get_attribute_)>(dlsym(lib, "cuPointerGetAttribute"));
+    get_attribute_ =
+        reinterpret_cast<decltype(get_attribute_)>(dlsym(lib, "cuPointerGetAttribute"));
   }
 
   CUresult (*init_)(unsigned int) = nullptr;

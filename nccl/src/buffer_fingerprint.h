@@ -12,9 +12,9 @@
 namespace opguard::nccl {
 
 enum class BufferFingerprint {
-  kTaken,        // `out` holds the fingerprint
-  kDeviceMemory, // device memory: not fingerprinted in this build (counted, logged once)
-  kNotTaken      // nothing to fingerprint (no dtype the fingerprint knows, NULL) or it failed
+  kTaken,         // `out` holds the fingerprint
+  kDeviceMemory,  // device memory: not fingerprinted in this build (counted, logged once)
+  kNotTaken       // nothing to fingerprint (no dtype the fingerprint knows, NULL) or it failed
 };
 
 // The fingerprint of `elements` elements of `dtype` (OPGUARD_DTYPE_*) at

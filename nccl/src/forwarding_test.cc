@@ -50,7 +50,8 @@ TEST(NcclForwarding, TheTestLinksTheInterposerAheadOfLibnccl) {
   ASSERT_EQ(std::getenv("OPGUARD"), nullptr) << "run without OPGUARD";
   Dl_info info{};
   ASSERT_NE(dladdr(reinterpret_cast<void*>(&ncclAllReduce), &info), 0);
-  EXPECT_NE(std::string(info.dli_fname).find("libopguard_nccl.so"), std::string::npos) << info.dli_fname;
+  EXPECT_NE(std::string(info.dli_fname).find("libopguard_nccl.so"), std::string::npos)
+      << info.dli_fname;
 }
 
 TEST(NcclForwarding, CollectivesComputeAndNothingElseStarts) {
@@ -59,10 +60,12 @@ TEST(NcclForwarding, CollectivesComputeAndNothingElseStarts) {
     Pair pair;
     pair.Both([](int rank, ncclComm_t comm) {
       std::vector<int64_t> in(10, rank + 1), out(10), gathered(20);
-      EXPECT_EQ(ncclAllReduce(in.data(), out.data(), 10, ncclInt64, ncclProd, comm, nullptr), ncclSuccess);
+      EXPECT_EQ(ncclAllReduce(in.data(), out.data(), 10, ncclInt64, ncclProd, comm, nullptr),
+                ncclSuccess);
       EXPECT_EQ(out[9], 2);
       EXPECT_EQ(ncclGroupStart(), ncclSuccess);
-      EXPECT_EQ(ncclAllGather(in.data(), gathered.data(), 10, ncclInt64, comm, nullptr), ncclSuccess);
+      EXPECT_EQ(ncclAllGather(in.data(), gathered.data(), 10, ncclInt64, comm, nullptr),
+                ncclSuccess);
       EXPECT_EQ(ncclSend(in.data(), 10, ncclInt64, 1 - rank, comm, nullptr), ncclSuccess);
       EXPECT_EQ(ncclRecv(out.data(), 10, ncclInt64, 1 - rank, comm, nullptr), ncclSuccess);
       EXPECT_EQ(ncclGroupEnd(), ncclSuccess);
@@ -97,7 +100,8 @@ TEST(NcclForwarding, ErrorsAreNcclsOwn) {
   ncclUniqueId id{};
   EXPECT_EQ(ncclCommInitRank(&comm, 2, id, 5), pncclCommInitRank(&comm, 2, id, 5));
   EXPECT_EQ(ncclCommInitRank(&comm, 2, id, 5), ncclInvalidArgument);
-  EXPECT_EQ(ncclCommSplit(nullptr, 0, 0, &comm, nullptr), pncclCommSplit(nullptr, 0, 0, &comm, nullptr));
+  EXPECT_EQ(ncclCommSplit(nullptr, 0, 0, &comm, nullptr),
+            pncclCommSplit(nullptr, 0, 0, &comm, nullptr));
   EXPECT_EQ(ncclCommDestroy(nullptr), pncclCommDestroy(nullptr));
 }
 

@@ -31,7 +31,8 @@ void* ResolveReal(const char* name) {
     static std::mutex mu;
     static std::set<std::string> logged;
     std::lock_guard<std::mutex> lock(mu);
-    if (logged.insert(name).second) Log("libnccl's %s was not found; the call fails with ncclInternalError", name);
+    if (logged.insert(name).second)
+      Log("libnccl's %s was not found; the call fails with ncclInternalError", name);
   }
   return fn;
 }
@@ -75,11 +76,11 @@ void AddInitialised(ncclResult_t r, ncclComm_t* comm, uint64_t identity, const n
   }
 }
 
-Call::Buffer In(const void* data, bool scale_by_ranks = false, bool root_only = false) {
-  return {data, true, scale_by_ranks, root_only};
-}
-Call::Buffer Out(const void* data, bool scale_by_ranks = false, bool root_only = false) {
-  return {data, true, scale_by_ranks, root_only};
+// A buffer of `count` elements, or count x communicator size (kByRanks);
+// kRootOnly: only the root's is used.
+enum BufferSize { kCount = 0, kByRanks = 1, kRootOnly = 2 };
+Call::Buffer Buffer(const void* data, int size = kCount) {
+  return {data, true, (size & kByRanks) != 0, (size & kRootOnly) != 0};
 }
 
 }  // namespace
@@ -92,17 +93,17 @@ using opguard::nccl::Recording;
 #define OPGUARD_NCCL_API extern "C" __attribute__((visibility("default")))
 
 // Resolves the real `fn` once; a libnccl without it fails the call.
-#define REAL_OR_FAIL(fn)                    \
-  const auto real = OPGUARD_REAL_NCCL(fn);  \
+#define REAL_OR_FAIL(fn)                   \
+  const auto real = OPGUARD_REAL_NCCL(fn); \
   if (real == nullptr) return ncclInternalError
 
 // ---- collectives and point-to-point ----------------------------------------------
 
 // Forwards the call, and records it when recording.
-#define FORWARD_COLLECTIVE(fn, make_call, ...)                            \
-  REAL_OR_FAIL(fn);                                                       \
-  if (!Recording()) return real(__VA_ARGS__);                             \
-  Call call = make_call;                                                  \
+#define FORWARD_COLLECTIVE(fn, make_call, ...) \
+  REAL_OR_FAIL(fn);                            \
+  if (!Recording()) return real(__VA_ARGS__);  \
+  Call call = make_call;                       \
   return Recorder::Get().Collective(call, [&] { return real(__VA_ARGS__); })
 
 namespace {
@@ -124,89 +125,101 @@ Call Make(uint8_t kind, ncclComm_t comm, ncclDataType_t type, size_t count, int 
 }
 }  // namespace
 
-using opguard::nccl::In;
-using opguard::nccl::Out;
+using opguard::nccl::Buffer;
+using opguard::nccl::kByRanks;
+using opguard::nccl::kRootOnly;
 
-OPGUARD_NCCL_API ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type,
-                                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+OPGUARD_NCCL_API ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count,
+                                            ncclDataType_t type, ncclRedOp_t op, ncclComm_t comm,
+                                            cudaStream_t stream) {
   FORWARD_COLLECTIVE(ncclAllReduce,
-                     Make(OPGUARD_COLL_ALL_REDUCE, comm, type, count, -1, stream, In(send), Out(recv), true, op),
+                     Make(OPGUARD_COLL_ALL_REDUCE, comm, type, count, -1, stream, Buffer(send),
+                          Buffer(recv), true, op),
                      send, recv, count, type, op, comm, stream);
 }
 
-OPGUARD_NCCL_API ncclResult_t ncclReduce(const void* send, void* recv, size_t count, ncclDataType_t type,
-                                         ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) {
+OPGUARD_NCCL_API ncclResult_t ncclReduce(const void* send, void* recv, size_t count,
+                                         ncclDataType_t type, ncclRedOp_t op, int root,
+                                         ncclComm_t comm, cudaStream_t stream) {
   FORWARD_COLLECTIVE(ncclReduce,
-                     Make(OPGUARD_COLL_REDUCE, comm, type, count, root, stream, In(send),
-                          Out(recv, false, true), true, op),
+                     Make(OPGUARD_COLL_REDUCE, comm, type, count, root, stream, Buffer(send),
+                          Buffer(recv, kRootOnly), true, op),
                      send, recv, count, type, op, root, comm, stream);
 }
 
-OPGUARD_NCCL_API ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t type,
-                                            int root, ncclComm_t comm, cudaStream_t stream) {
+OPGUARD_NCCL_API ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count,
+                                            ncclDataType_t type, int root, ncclComm_t comm,
+                                            cudaStream_t stream) {
   FORWARD_COLLECTIVE(ncclBroadcast,
-                     Make(OPGUARD_COLL_BROADCAST, comm, type, count, root, stream, In(send, false, true),
-                          Out(recv)),
+                     Make(OPGUARD_COLL_BROADCAST, comm, type, count, root, stream,
+                          Buffer(send, kRootOnly), Buffer(recv)),
                      send, recv, count, type, root, comm, stream);
 }
 
 OPGUARD_NCCL_API ncclResult_t ncclBcast(void* buff, size_t count, ncclDataType_t type, int root,
                                         ncclComm_t comm, cudaStream_t stream) {
   FORWARD_COLLECTIVE(ncclBcast,
-                     Make(OPGUARD_COLL_BROADCAST, comm, type, count, root, stream, In(buff, false, true),
-                          Out(buff)),
+                     Make(OPGUARD_COLL_BROADCAST, comm, type, count, root, stream,
+                          Buffer(buff, kRootOnly), Buffer(buff)),
                      buff, count, type, root, comm, stream);
 }
 
-OPGUARD_NCCL_API ncclResult_t ncclAllGather(const void* send, void* recv, size_t count, ncclDataType_t type,
-                                            ncclComm_t comm, cudaStream_t stream) {
+OPGUARD_NCCL_API ncclResult_t ncclAllGather(const void* send, void* recv, size_t count,
+                                            ncclDataType_t type, ncclComm_t comm,
+                                            cudaStream_t stream) {
   FORWARD_COLLECTIVE(ncclAllGather,
-                     Make(OPGUARD_COLL_ALL_GATHER, comm, type, count, -1, stream, In(send), Out(recv, true)),
+                     Make(OPGUARD_COLL_ALL_GATHER, comm, type, count, -1, stream, Buffer(send),
+                          Buffer(recv, kByRanks)),
                      send, recv, count, type, comm, stream);
 }
 
 OPGUARD_NCCL_API ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t count,
-                                                ncclDataType_t type, ncclRedOp_t op, ncclComm_t comm,
-                                                cudaStream_t stream) {
+                                                ncclDataType_t type, ncclRedOp_t op,
+                                                ncclComm_t comm, cudaStream_t stream) {
   FORWARD_COLLECTIVE(ncclReduceScatter,
-                     Make(OPGUARD_COLL_REDUCE_SCATTER, comm, type, count, -1, stream, In(send, true),
-                          Out(recv), true, op),
+                     Make(OPGUARD_COLL_REDUCE_SCATTER, comm, type, count, -1, stream,
+                          Buffer(send, kByRanks), Buffer(recv), true, op),
                      send, recv, count, type, op, comm, stream);
 }
 
-OPGUARD_NCCL_API ncclResult_t ncclAlltoAll(const void* send, void* recv, size_t count, ncclDataType_t type,
-                                           ncclComm_t comm, cudaStream_t stream) {
+OPGUARD_NCCL_API ncclResult_t ncclAlltoAll(const void* send, void* recv, size_t count,
+                                           ncclDataType_t type, ncclComm_t comm,
+                                           cudaStream_t stream) {
   FORWARD_COLLECTIVE(ncclAlltoAll,
-                     Make(OPGUARD_COLL_ALL_TO_ALL, comm, type, count, -1, stream, In(send, true),
-                          Out(recv, true)),
+                     Make(OPGUARD_COLL_ALL_TO_ALL, comm, type, count, -1, stream,
+                          Buffer(send, kByRanks), Buffer(recv, kByRanks)),
                      send, recv, count, type, comm, stream);
 }
 
-OPGUARD_NCCL_API ncclResult_t ncclGather(const void* send, void* recv, size_t count, ncclDataType_t type,
-                                         int root, ncclComm_t comm, cudaStream_t stream) {
+OPGUARD_NCCL_API ncclResult_t ncclGather(const void* send, void* recv, size_t count,
+                                         ncclDataType_t type, int root, ncclComm_t comm,
+                                         cudaStream_t stream) {
   FORWARD_COLLECTIVE(ncclGather,
-                     Make(OPGUARD_COLL_GATHER, comm, type, count, root, stream, In(send),
-                          Out(recv, true, true)),
+                     Make(OPGUARD_COLL_GATHER, comm, type, count, root, stream, Buffer(send),
+                          Buffer(recv, kByRanks | kRootOnly)),
                      send, recv, count, type, root, comm, stream);
 }
 
-OPGUARD_NCCL_API ncclResult_t ncclScatter(const void* send, void* recv, size_t count, ncclDataType_t type,
-                                          int root, ncclComm_t comm, cudaStream_t stream) {
+OPGUARD_NCCL_API ncclResult_t ncclScatter(const void* send, void* recv, size_t count,
+                                          ncclDataType_t type, int root, ncclComm_t comm,
+                                          cudaStream_t stream) {
   FORWARD_COLLECTIVE(ncclScatter,
-                     Make(OPGUARD_COLL_SCATTER, comm, type, count, root, stream, In(send, true, true),
-                          Out(recv)),
+                     Make(OPGUARD_COLL_SCATTER, comm, type, count, root, stream,
+                          Buffer(send, kByRanks | kRootOnly), Buffer(recv)),
                      send, recv, count, type, root, comm, stream);
 }
 
-OPGUARD_NCCL_API ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t type, int peer,
-                                       ncclComm_t comm, cudaStream_t stream) {
-  FORWARD_COLLECTIVE(ncclSend, Make(OPGUARD_COLL_SEND, comm, type, count, peer, stream, In(send), {}),
+OPGUARD_NCCL_API ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t type,
+                                       int peer, ncclComm_t comm, cudaStream_t stream) {
+  FORWARD_COLLECTIVE(ncclSend,
+                     Make(OPGUARD_COLL_SEND, comm, type, count, peer, stream, Buffer(send), {}),
                      send, count, type, peer, comm, stream);
 }
 
 OPGUARD_NCCL_API ncclResult_t ncclRecv(void* recv, size_t count, ncclDataType_t type, int peer,
                                        ncclComm_t comm, cudaStream_t stream) {
-  FORWARD_COLLECTIVE(ncclRecv, Make(OPGUARD_COLL_RECV, comm, type, count, peer, stream, {}, Out(recv)),
+  FORWARD_COLLECTIVE(ncclRecv,
+                     Make(OPGUARD_COLL_RECV, comm, type, count, peer, stream, {}, Buffer(recv)),
                      recv, count, type, peer, comm, stream);
 }
 
@@ -226,7 +239,8 @@ OPGUARD_NCCL_API ncclResult_t ncclGroupEnd() {
 
 // ---- communicators --------------------------------------------------------------------
 
-OPGUARD_NCCL_API ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank) {
+OPGUARD_NCCL_API ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id,
+                                               int rank) {
   REAL_OR_FAIL(ncclCommInitRank);
   ncclResult_t r = real(comm, nranks, id, rank);
   if (Recording()) {
@@ -236,8 +250,8 @@ OPGUARD_NCCL_API ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncc
   return r;
 }
 
-OPGUARD_NCCL_API ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank,
-                                                     ncclConfig_t* config) {
+OPGUARD_NCCL_API ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId id,
+                                                     int rank, ncclConfig_t* config) {
   REAL_OR_FAIL(ncclCommInitRankConfig);
   ncclResult_t r = real(comm, nranks, id, rank, config);
   if (Recording()) {
@@ -247,12 +261,14 @@ OPGUARD_NCCL_API ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nrank
   return r;
 }
 
-OPGUARD_NCCL_API ncclResult_t ncclCommInitRankScalable(ncclComm_t* comm, int nranks, int rank, int nids,
-                                                       ncclUniqueId* ids, ncclConfig_t* config) {
+OPGUARD_NCCL_API ncclResult_t ncclCommInitRankScalable(ncclComm_t* comm, int nranks, int rank,
+                                                       int nids, ncclUniqueId* ids,
+                                                       ncclConfig_t* config) {
   REAL_OR_FAIL(ncclCommInitRankScalable);
   ncclResult_t r = real(comm, nranks, rank, nids, ids, config);
   if (Recording() && ids != nullptr && nids > 0) {
-    uint64_t identity = opguard::nccl::IdentityOfUniqueIds(ids, sizeof(ncclUniqueId) * size_t(nids));
+    uint64_t identity =
+        opguard::nccl::IdentityOfUniqueIds(ids, sizeof(ncclUniqueId) * size_t(nids));
     opguard::nccl::AddInitialised(r, comm, identity, config, nranks, rank);
   }
   return r;
@@ -269,13 +285,14 @@ OPGUARD_NCCL_API ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const
       identity = opguard::nccl::WallNs() ^ reinterpret_cast<uintptr_t>(comms);
     }
     identity = opguard::nccl::IdentityOfUniqueIds(&identity, sizeof(identity));
-    for (int i = 0; i < ndev; ++i) opguard::nccl::AddInitialised(r, &comms[i], identity, nullptr, ndev, i);
+    for (int i = 0; i < ndev; ++i)
+      opguard::nccl::AddInitialised(r, &comms[i], identity, nullptr, ndev, i);
   }
   return r;
 }
 
-OPGUARD_NCCL_API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
-                                            ncclConfig_t* config) {
+OPGUARD_NCCL_API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key,
+                                            ncclComm_t* newcomm, ncclConfig_t* config) {
   REAL_OR_FAIL(ncclCommSplit);
   if (!Recording()) return real(comm, color, key, newcomm, config);
   // Counted whether or not this member joins a child: every member of the
@@ -287,9 +304,11 @@ OPGUARD_NCCL_API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key,
   if (known && color != NCCL_SPLIT_NOCOLOR && newcomm != nullptr && *newcomm != nullptr &&
       (r == ncclSuccess || r == ncclInProgress)) {
     uint64_t identity = opguard::nccl::IdentityOfSplit(parent, color, ordinal);
-    std::string name = parent_name + "/split" + std::to_string(ordinal) + "." + std::to_string(color);
+    std::string name =
+        parent_name + "/split" + std::to_string(ordinal) + "." + std::to_string(color);
     constexpr size_t kNameEnd = offsetof(ncclConfig_t, commName) + sizeof(const char*);
-    if (config != nullptr && config->size >= kNameEnd && config->commName != nullptr && config->commName[0]) {
+    if (config != nullptr && config->size >= kNameEnd && config->commName != nullptr &&
+        config->commName[0]) {
       name = std::string("nccl:") + config->commName;
     }
     Recorder::Get().AddCommunicator(*newcomm, identity, name, -1, -1);
@@ -297,19 +316,21 @@ OPGUARD_NCCL_API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key,
   return r;
 }
 
-OPGUARD_NCCL_API ncclResult_t ncclCommShrink(ncclComm_t comm, int* exclude, int nexclude, ncclComm_t* newcomm,
-                                             ncclConfig_t* config, int flags) {
+OPGUARD_NCCL_API ncclResult_t ncclCommShrink(ncclComm_t comm, int* exclude, int nexclude,
+                                             ncclComm_t* newcomm, ncclConfig_t* config, int flags) {
   REAL_OR_FAIL(ncclCommShrink);
   if (!Recording()) return real(comm, exclude, nexclude, newcomm, config, flags);
   uint64_t parent = 0, ordinal = 0;
   std::string parent_name;
   bool known = Recorder::Get().NextShrink(comm, &parent, &ordinal, &parent_name);
   ncclResult_t r = real(comm, exclude, nexclude, newcomm, config, flags);
-  if (known && newcomm != nullptr && *newcomm != nullptr && (r == ncclSuccess || r == ncclInProgress)) {
-    std::span<const int> excluded(exclude, exclude != nullptr && nexclude > 0 ? size_t(nexclude) : 0);
+  if (known && newcomm != nullptr && *newcomm != nullptr &&
+      (r == ncclSuccess || r == ncclInProgress)) {
+    std::span<const int> excluded(exclude,
+                                  exclude != nullptr && nexclude > 0 ? size_t(nexclude) : 0);
     uint64_t identity = opguard::nccl::IdentityOfShrink(parent, ordinal, excluded);
-    Recorder::Get().AddCommunicator(*newcomm, identity, parent_name + "/shrink" + std::to_string(ordinal), -1,
-                                    -1);
+    Recorder::Get().AddCommunicator(*newcomm, identity,
+                                    parent_name + "/shrink" + std::to_string(ordinal), -1, -1);
   }
   return r;
 }

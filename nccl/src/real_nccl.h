@@ -14,8 +14,8 @@ void* ResolveReal(const char* name);
 }  // namespace opguard::nccl
 
 // The real `fn` (a function declared in nccl.h), resolved on first use.
-#define OPGUARD_REAL_NCCL(fn)                                                              \
-  ([]() {                                                                                \
+#define OPGUARD_REAL_NCCL(fn)                                                                    \
+  ([]() {                                                                                        \
     static const auto real = reinterpret_cast<decltype(&fn)>(::opguard::nccl::ResolveReal(#fn)); \
-    return real;                                                                         \
+    return real;                                                                                 \
   }())

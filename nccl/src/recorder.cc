@@ -32,19 +32,32 @@ void LogOnce(std::once_flag& once, const char* message) {
 
 uint8_t DTypeOf(ncclDataType_t type) {
   switch (type) {
-    case ncclInt8: return OPGUARD_DTYPE_INT8;
-    case ncclUint8: return OPGUARD_DTYPE_UINT8;
-    case ncclInt32: return OPGUARD_DTYPE_INT32;
-    case ncclUint32: return OPGUARD_DTYPE_UINT32;
-    case ncclInt64: return OPGUARD_DTYPE_INT64;
-    case ncclUint64: return OPGUARD_DTYPE_UINT64;
-    case ncclFloat16: return OPGUARD_DTYPE_FLOAT16;
-    case ncclFloat32: return OPGUARD_DTYPE_FLOAT32;
-    case ncclFloat64: return OPGUARD_DTYPE_FLOAT64;
-    case ncclBfloat16: return OPGUARD_DTYPE_BFLOAT16;
-    case ncclFloat8e4m3: return OPGUARD_DTYPE_FLOAT8_E4M3;
-    case ncclFloat8e5m2: return OPGUARD_DTYPE_FLOAT8_E5M2;
-    default: return OPGUARD_DTYPE_UNKNOWN;
+    case ncclInt8:
+      return OPGUARD_DTYPE_INT8;
+    case ncclUint8:
+      return OPGUARD_DTYPE_UINT8;
+    case ncclInt32:
+      return OPGUARD_DTYPE_INT32;
+    case ncclUint32:
+      return OPGUARD_DTYPE_UINT32;
+    case ncclInt64:
+      return OPGUARD_DTYPE_INT64;
+    case ncclUint64:
+      return OPGUARD_DTYPE_UINT64;
+    case ncclFloat16:
+      return OPGUARD_DTYPE_FLOAT16;
+    case ncclFloat32:
+      return OPGUARD_DTYPE_FLOAT32;
+    case ncclFloat64:
+      return OPGUARD_DTYPE_FLOAT64;
+    case ncclBfloat16:
+      return OPGUARD_DTYPE_BFLOAT16;
+    case ncclFloat8e4m3:
+      return OPGUARD_DTYPE_FLOAT8_E4M3;
+    case ncclFloat8e5m2:
+      return OPGUARD_DTYPE_FLOAT8_E5M2;
+    default:
+      return OPGUARD_DTYPE_UNKNOWN;
   }
 }
 
@@ -67,7 +80,8 @@ void Recorder::AddCommunicator(ncclComm_t comm, uint64_t identity, const std::st
   static std::once_flag version_once;
   std::call_once(version_once, [] {
     int version = 0;
-    if (auto get = OPGUARD_REAL_NCCL(ncclGetVersion); get != nullptr && get(&version) == ncclSuccess) {
+    if (auto get = OPGUARD_REAL_NCCL(ncclGetVersion);
+        get != nullptr && get(&version) == ncclSuccess) {
       opguard_set_run_info(OPGUARD_INFO_VERSION, "nccl", std::to_string(version).c_str());
     }
   });
@@ -83,8 +97,9 @@ void Recorder::AddCommunicator(ncclComm_t comm, uint64_t identity, const std::st
   if (members_here_[identity]++ > 0) {
     c.recorded = false;
     static std::once_flag once;
-    LogOnce(once, "this process holds several members of one communicator; only the first "
-                  "member's calls are recorded (OpGuard records one rank per process)");
+    LogOnce(once,
+            "this process holds several members of one communicator; only the first "
+            "member's calls are recorded (OpGuard records one rank per process)");
   }
   comms_[comm] = std::move(c);
 }
@@ -94,7 +109,8 @@ Recorder::Communicator* Recorder::FindLocked(ncclComm_t comm) {
   return it == comms_.end() ? nullptr : &it->second;
 }
 
-bool Recorder::NextSplit(ncclComm_t parent, uint64_t* identity, uint64_t* ordinal, std::string* name) {
+bool Recorder::NextSplit(ncclComm_t parent, uint64_t* identity, uint64_t* ordinal,
+                         std::string* name) {
   std::lock_guard<std::mutex> lock(mu_);
   Communicator* c = FindLocked(parent);
   if (c == nullptr) return false;
@@ -104,7 +120,8 @@ bool Recorder::NextSplit(ncclComm_t parent, uint64_t* identity, uint64_t* ordina
   return true;
 }
 
-bool Recorder::NextShrink(ncclComm_t parent, uint64_t* identity, uint64_t* ordinal, std::string* name) {
+bool Recorder::NextShrink(ncclComm_t parent, uint64_t* identity, uint64_t* ordinal,
+                          std::string* name) {
   std::lock_guard<std::mutex> lock(mu_);
   Communicator* c = FindLocked(parent);
   if (c == nullptr) return false;
@@ -128,8 +145,9 @@ bool Recorder::Prepare(const Call& call, Pending* out) {
   Communicator* c = FindLocked(call.comm);
   if (c == nullptr) {
     static std::once_flag once;
-    LogOnce(once, "calls on a communicator created before recording started (or not created "
-                  "through NCCL's init and split calls) are not recorded");
+    LogOnce(once,
+            "calls on a communicator created before recording started (or not created "
+            "through NCCL's init and split calls) are not recorded");
     return false;
   }
   if (!c->recorded) return false;
@@ -169,8 +187,9 @@ bool Recorder::Prepare(const Call& call, Pending* out) {
     int dst = call.kind == OPGUARD_COLL_SEND ? call.root : c->rank;
     out->communicator = IdentityOfChannel(c->id, src, dst);
     if (c->channel_seq.emplace(std::make_pair(out->communicator, call.kind), 0).second &&
-        !c->channel_seq.count({out->communicator, call.kind == OPGUARD_COLL_SEND ? OPGUARD_COLL_RECV
-                                                                                   : OPGUARD_COLL_SEND})) {
+        !c->channel_seq.count({out->communicator, call.kind == OPGUARD_COLL_SEND
+                                                      ? OPGUARD_COLL_RECV
+                                                      : OPGUARD_COLL_SEND})) {
       std::string name = c->name + " p2p " + std::to_string(src) + "->" + std::to_string(dst);
       opguard_communicator def{};
       def.struct_size = sizeof(def);
@@ -194,8 +213,9 @@ uint64_t Recorder::NextSeq(const Pending& p, uint64_t* communicator) {
 
 void Recorder::TakeInput(Pending& p) {
   if (!p.call.input.used) return;
-  p.has_input = FingerprintBuffer(p.call.input.data, DTypeOf(p.call.type), p.input_elements,
-                                  p.call.stream, &p.input_shape, &p.input) == BufferFingerprint::kTaken;
+  p.has_input =
+      FingerprintBuffer(p.call.input.data, DTypeOf(p.call.type), p.input_elements, p.call.stream,
+                        &p.input_shape, &p.input) == BufferFingerprint::kTaken;
 }
 
 void Recorder::Record(std::vector<Pending>& calls) {

@@ -26,8 +26,8 @@ struct Call {
   ncclDataType_t type = ncclFloat32;
   ncclRedOp_t op = ncclSum;
   bool reduces = false;
-  size_t count = 0;                     // NCCL's count argument
-  int root = -1;                        // root or peer, -1 none
+  size_t count = 0;  // NCCL's count argument
+  int root = -1;     // root or peer, -1 none
   cudaStream_t stream = nullptr;
   // Buffers and their sizes in `count`s: 1, or `scale_by_ranks` for
   // count × communicator size; root_only: only the root reads/writes it.
@@ -46,7 +46,8 @@ class Recorder {
 
   // A communicator NCCL created (the call succeeded or is in progress).
   // `nranks` and `rank` may be -1 when not known yet.
-  void AddCommunicator(ncclComm_t comm, uint64_t identity, const std::string& name, int nranks, int rank);
+  void AddCommunicator(ncclComm_t comm, uint64_t identity, const std::string& name, int nranks,
+                       int rank);
   // Identity and next split/shrink ordinal of a known communicator; false if
   // it is not known (created before recording started, or not recorded).
   bool NextSplit(ncclComm_t parent, uint64_t* identity, uint64_t* ordinal, std::string* name);

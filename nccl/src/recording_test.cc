@@ -29,7 +29,8 @@ FakeDaemon* daemon = nullptr;
 class Environment : public ::testing::Environment {
  public:
   void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() / ("opguard-nccl-test-" + std::to_string(::getpid()));
+    dir_ = std::filesystem::temp_directory_path() /
+           ("opguard-nccl-test-" + std::to_string(::getpid()));
     std::filesystem::create_directories(dir_);
     std::string endpoint = "ipc://" + (dir_ / "ingest.sock").string();
     daemon = new FakeDaemon(endpoint);
@@ -91,7 +92,8 @@ struct Solo {
 TEST(NcclRecording, TheTestLinksTheInterposerAheadOfLibnccl) {
   Dl_info info{};
   ASSERT_NE(dladdr(reinterpret_cast<void*>(&ncclAllReduce), &info), 0);
-  EXPECT_NE(std::string(info.dli_fname).find("libopguard_nccl.so"), std::string::npos) << info.dli_fname;
+  EXPECT_NE(std::string(info.dli_fname).find("libopguard_nccl.so"), std::string::npos)
+      << info.dli_fname;
 }
 
 TEST(NcclRecording, EachCallIsRecordedEnteredThenCompletedWithItsArgumentsAndFingerprints) {
@@ -99,8 +101,10 @@ TEST(NcclRecording, EachCallIsRecordedEnteredThenCompletedWithItsArgumentsAndFin
   std::vector<float> in(100), out(100, 0.0f);
   for (int i = 0; i < 100; ++i) in[i] = 0.5f * float(i);
   std::vector<int32_t> ints(33, 7), ints_out(33, 0);
-  ASSERT_EQ(ncclAllReduce(in.data(), out.data(), 100, ncclFloat32, ncclMax, solo.comm, nullptr), ncclSuccess);
-  ASSERT_EQ(ncclBroadcast(ints.data(), ints_out.data(), 33, ncclInt32, 0, solo.comm, nullptr), ncclSuccess);
+  ASSERT_EQ(ncclAllReduce(in.data(), out.data(), 100, ncclFloat32, ncclMax, solo.comm, nullptr),
+            ncclSuccess);
+  ASSERT_EQ(ncclBroadcast(ints.data(), ints_out.data(), 33, ncclInt32, 0, solo.comm, nullptr),
+            ncclSuccess);
   ASSERT_EQ(ncclReduceScatter(in.data(), out.data(), 100, ncclFloat32, ncclSum, solo.comm, nullptr),
             ncclSuccess);
 
@@ -114,11 +118,14 @@ TEST(NcclRecording, EachCallIsRecordedEnteredThenCompletedWithItsArgumentsAndFin
   };
   const Expected expected[] = {
       {OPGUARD_COLL_ALL_REDUCE, OPGUARD_DTYPE_FLOAT32, 2, 100, -1,
-       FingerprintLo(in.data(), OPGUARD_DTYPE_FLOAT32, 100), FingerprintLo(in.data(), OPGUARD_DTYPE_FLOAT32, 100)},
+       FingerprintLo(in.data(), OPGUARD_DTYPE_FLOAT32, 100),
+       FingerprintLo(in.data(), OPGUARD_DTYPE_FLOAT32, 100)},
       {OPGUARD_COLL_BROADCAST, OPGUARD_DTYPE_INT32, 255, 33, 0,
-       FingerprintLo(ints.data(), OPGUARD_DTYPE_INT32, 33), FingerprintLo(ints.data(), OPGUARD_DTYPE_INT32, 33)},
+       FingerprintLo(ints.data(), OPGUARD_DTYPE_INT32, 33),
+       FingerprintLo(ints.data(), OPGUARD_DTYPE_INT32, 33)},
       {OPGUARD_COLL_REDUCE_SCATTER, OPGUARD_DTYPE_FLOAT32, 0, 100, -1,
-       FingerprintLo(in.data(), OPGUARD_DTYPE_FLOAT32, 100), FingerprintLo(in.data(), OPGUARD_DTYPE_FLOAT32, 100)},
+       FingerprintLo(in.data(), OPGUARD_DTYPE_FLOAT32, 100),
+       FingerprintLo(in.data(), OPGUARD_DTYPE_FLOAT32, 100)},
   };
   for (size_t i = 0; i < records.size(); ++i) {
     const ReceivedCollective& r = records[i];
@@ -146,9 +153,11 @@ TEST(NcclRecording, GroupedCallsAreRecordedWhenTheOutermostGroupEndIssuesThem) {
   std::vector<float> buf(64, 2.0f), gathered(64);
   const uint64_t before = FingerprintLo(buf.data(), OPGUARD_DTYPE_FLOAT32, 64);
   ASSERT_EQ(ncclGroupStart(), ncclSuccess);
-  ASSERT_EQ(ncclAllReduce(buf.data(), buf.data(), 64, ncclFloat32, ncclSum, solo.comm, nullptr), ncclSuccess);
+  ASSERT_EQ(ncclAllReduce(buf.data(), buf.data(), 64, ncclFloat32, ncclSum, solo.comm, nullptr),
+            ncclSuccess);
   ASSERT_EQ(ncclGroupStart(), ncclSuccess);
-  ASSERT_EQ(ncclAllGather(buf.data(), gathered.data(), 64, ncclFloat32, solo.comm, nullptr), ncclSuccess);
+  ASSERT_EQ(ncclAllGather(buf.data(), gathered.data(), 64, ncclFloat32, solo.comm, nullptr),
+            ncclSuccess);
   ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
   // Nothing was issued yet, so nothing is recorded yet.
   ASSERT_EQ(opguard_flush(5000), OPGUARD_OK);
@@ -183,11 +192,14 @@ TEST(NcclRecording, RefusedCallsReturnNcclsOwnCodeAndAreNotRecordedOrNumbered) {
   const Case cases[] = {
       {"NULL comm", ncclAllReduce(a.data(), b.data(), 8, ncclFloat32, ncclSum, nullptr, nullptr),
        pncclAllReduce(a.data(), b.data(), 8, ncclFloat32, ncclSum, nullptr, nullptr)},
-      {"bad dtype", ncclAllReduce(a.data(), b.data(), 8, ncclDataType_t(99), ncclSum, solo.comm, nullptr),
+      {"bad dtype",
+       ncclAllReduce(a.data(), b.data(), 8, ncclDataType_t(99), ncclSum, solo.comm, nullptr),
        pncclAllReduce(a.data(), b.data(), 8, ncclDataType_t(99), ncclSum, solo.comm, nullptr)},
-      {"bad op", ncclAllReduce(a.data(), b.data(), 8, ncclFloat32, ncclRedOp_t(77), solo.comm, nullptr),
+      {"bad op",
+       ncclAllReduce(a.data(), b.data(), 8, ncclFloat32, ncclRedOp_t(77), solo.comm, nullptr),
        pncclAllReduce(a.data(), b.data(), 8, ncclFloat32, ncclRedOp_t(77), solo.comm, nullptr)},
-      {"root out of range", ncclBroadcast(a.data(), b.data(), 8, ncclFloat32, 3, solo.comm, nullptr),
+      {"root out of range",
+       ncclBroadcast(a.data(), b.data(), 8, ncclFloat32, 3, solo.comm, nullptr),
        pncclBroadcast(a.data(), b.data(), 8, ncclFloat32, 3, solo.comm, nullptr)},
       {"NULL buffer", ncclAllGather(nullptr, b.data(), 8, ncclFloat32, solo.comm, nullptr),
        pncclAllGather(nullptr, b.data(), 8, ncclFloat32, solo.comm, nullptr)},
@@ -199,7 +211,8 @@ TEST(NcclRecording, RefusedCallsReturnNcclsOwnCodeAndAreNotRecordedOrNumbered) {
     EXPECT_NE(c.interposed, ncclSuccess) << c.what;
     EXPECT_EQ(c.interposed, c.direct) << c.what;
   }
-  ASSERT_EQ(ncclAllReduce(a.data(), b.data(), 8, ncclFloat32, ncclSum, solo.comm, nullptr), ncclSuccess);
+  ASSERT_EQ(ncclAllReduce(a.data(), b.data(), 8, ncclFloat32, ncclSum, solo.comm, nullptr),
+            ncclSuccess);
   auto records = RecordsOf(solo.identity, 2);
   ASSERT_EQ(records.size(), 2u);
   EXPECT_EQ(records[0].seq, 0u);
@@ -243,8 +256,10 @@ TEST(NcclRecording, OnlyOneMemberOfACommunicatorIsRecordedPerProcess) {
   ASSERT_EQ(ncclCommInitAll(comms, 2, nullptr), ncclSuccess);
   std::vector<double> a(16, 1.0), b(16, 2.0), ra(16), rb(16);
   ASSERT_EQ(ncclGroupStart(), ncclSuccess);
-  ASSERT_EQ(ncclAllReduce(a.data(), ra.data(), 16, ncclFloat64, ncclSum, comms[0], nullptr), ncclSuccess);
-  ASSERT_EQ(ncclAllReduce(b.data(), rb.data(), 16, ncclFloat64, ncclSum, comms[1], nullptr), ncclSuccess);
+  ASSERT_EQ(ncclAllReduce(a.data(), ra.data(), 16, ncclFloat64, ncclSum, comms[0], nullptr),
+            ncclSuccess);
+  ASSERT_EQ(ncclAllReduce(b.data(), rb.data(), 16, ncclFloat64, ncclSum, comms[1], nullptr),
+            ncclSuccess);
   ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
   EXPECT_EQ(ra[0], 3.0);
   EXPECT_EQ(rb[15], 3.0);

@@ -104,7 +104,8 @@ void AllCalls(ncclComm_t world) {
   Check(out[1] == float((rank * n + 1) * N), "reduce_scatter");
 
   std::vector<int32_t> to_all(n * N), from_all(n * N);
-  for (int r = 0; r < N; ++r) to_all[r * n] = rank * 100 + r;  // first element of block r: "from me to r"
+  for (int r = 0; r < N; ++r)
+    to_all[r * n] = rank * 100 + r;  // first element of block r: "from me to r"
   NCCL_OK(ncclAlltoAll(to_all.data(), from_all.data(), n, ncclInt32, world, nullptr));
   Check(from_all[(N - 1) * n] == (N - 1) * 100 + rank, "all_to_all");
 
@@ -161,17 +162,22 @@ void AllCalls(ncclComm_t world) {
 void Steps(ncclComm_t world, int iterations) {
   std::vector<float> grad(1024), avg(1024);
   for (int step = 0; step < iterations; ++step) {
-    for (size_t i = 0; i < grad.size(); ++i) grad[i] = float(step) + float(rank) * 0.5f + float(i) * 0.25f;
-    NCCL_OK(ncclAllReduce(grad.data(), avg.data(), grad.size(), ncclFloat32, ncclAvg, world, nullptr));
+    for (size_t i = 0; i < grad.size(); ++i)
+      grad[i] = float(step) + float(rank) * 0.5f + float(i) * 0.25f;
+    NCCL_OK(
+        ncclAllReduce(grad.data(), avg.data(), grad.size(), ncclFloat32, ncclAvg, world, nullptr));
   }
 }
 
 void Bench(ncclComm_t world, int iterations) {
   float x = 1.0f, y = 0.0f;
-  for (int i = 0; i < 1000; ++i) NCCL_OK(ncclAllReduce(&x, &y, 1, ncclFloat32, ncclSum, world, nullptr));
+  for (int i = 0; i < 1000; ++i)
+    NCCL_OK(ncclAllReduce(&x, &y, 1, ncclFloat32, ncclSum, world, nullptr));
   auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < iterations; ++i) NCCL_OK(ncclAllReduce(&x, &y, 1, ncclFloat32, ncclSum, world, nullptr));
-  double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count();
+  for (int i = 0; i < iterations; ++i)
+    NCCL_OK(ncclAllReduce(&x, &y, 1, ncclFloat32, ncclSum, world, nullptr));
+  double ns =
+      std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count();
   std::printf("ns_per_call %.1f\n", ns / iterations);
 }
 
@@ -182,15 +188,22 @@ int main(int argc, char** argv) {
   int iterations = 10;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
-    if (a == "--rank") rank = std::atoi(argv[i + 1]);
-    else if (a == "--nranks") nranks = std::atoi(argv[i + 1]);
-    else if (a == "--rendezvous") dir = argv[i + 1];
-    else if (a == "--scenario") scenario = argv[i + 1];
-    else if (a == "--iterations") iterations = std::atoi(argv[i + 1]);
+    if (a == "--rank")
+      rank = std::atoi(argv[i + 1]);
+    else if (a == "--nranks")
+      nranks = std::atoi(argv[i + 1]);
+    else if (a == "--rendezvous")
+      dir = argv[i + 1];
+    else if (a == "--scenario")
+      scenario = argv[i + 1];
+    else if (a == "--iterations")
+      iterations = std::atoi(argv[i + 1]);
   }
   if (nranks < 1 || rank < 0 || rank >= nranks || dir.empty()) {
-    std::fprintf(stderr, "usage: %s --rank R --nranks N --rendezvous DIR [--scenario all|steps|bench] "
-                         "[--iterations K]\n", argv[0]);
+    std::fprintf(stderr,
+                 "usage: %s --rank R --nranks N --rendezvous DIR [--scenario all|steps|bench] "
+                 "[--iterations K]\n",
+                 argv[0]);
     return 2;
   }
   ncclUniqueId id = Rendezvous(dir);

@@ -116,7 +116,7 @@ struct ncclComm {
   int rank = 0;
   int device = 0;
   uint8_t* base = nullptr;
-  uint64_t splits = 0;                 // ncclCommSplit calls on this communicator
+  uint64_t splits = 0;  // ncclCommSplit calls on this communicator
   uint64_t all_reduces = 0;
   std::vector<uint32_t> sent, received;  // per peer: messages so far (ring position)
 
@@ -139,10 +139,20 @@ namespace {
 
 size_t TypeSize(ncclDataType_t t) {
   switch (t) {
-    case ncclInt8: case ncclUint8: case ncclFloat8e4m3: case ncclFloat8e5m2: return 1;
-    case ncclFloat16: case ncclBfloat16: return 2;
-    case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
-    default: return 8;
+    case ncclInt8:
+    case ncclUint8:
+    case ncclFloat8e4m3:
+    case ncclFloat8e5m2:
+      return 1;
+    case ncclFloat16:
+    case ncclBfloat16:
+      return 2;
+    case ncclInt32:
+    case ncclUint32:
+    case ncclFloat32:
+      return 4;
+    default:
+      return 8;
   }
 }
 
@@ -157,10 +167,14 @@ uint16_t FloatToBf16(float f) {  // round to nearest even
 template <typename T>
 T Combine(T a, T b, ncclRedOp_t op) {
   switch (op) {
-    case ncclProd: return T(a * b);
-    case ncclMax: return std::max(a, b);
-    case ncclMin: return std::min(a, b);
-    default: return T(a + b);  // sum and avg
+    case ncclProd:
+      return T(a * b);
+    case ncclMax:
+      return std::max(a, b);
+    case ncclMin:
+      return std::min(a, b);
+    default:
+      return T(a + b);  // sum and avg
   }
 }
 
@@ -184,7 +198,8 @@ void ReduceHalf(ncclComm* c, size_t offset, size_t count, ncclRedOp_t op, void* 
   std::vector<float> acc(count);
   for (int r = 0; r < c->nranks; ++r) {
     const uint16_t* in = reinterpret_cast<const uint16_t*>(c->slot(r) + offset);
-    for (size_t i = 0; i < count; ++i) acc[i] = r == 0 ? load(in[i]) : Combine(acc[i], load(in[i]), op);
+    for (size_t i = 0; i < count; ++i)
+      acc[i] = r == 0 ? load(in[i]) : Combine(acc[i], load(in[i]), op);
   }
   auto* o = static_cast<uint16_t*>(out);
   for (size_t i = 0; i < count; ++i) {
@@ -196,17 +211,28 @@ void ReduceHalf(ncclComm* c, size_t offset, size_t count, ncclRedOp_t op, void* 
 // Element-wise reduction over every rank's slot at `offset` into `out`.
 void Reduce(ncclComm* c, size_t offset, size_t count, ncclDataType_t t, ncclRedOp_t op, void* out) {
   switch (t) {
-    case ncclInt8: return ReduceTyped<int8_t>(c, offset, count, op, out);
-    case ncclUint8: return ReduceTyped<uint8_t>(c, offset, count, op, out);
-    case ncclInt32: return ReduceTyped<int32_t>(c, offset, count, op, out);
-    case ncclUint32: return ReduceTyped<uint32_t>(c, offset, count, op, out);
-    case ncclInt64: return ReduceTyped<int64_t>(c, offset, count, op, out);
-    case ncclUint64: return ReduceTyped<uint64_t>(c, offset, count, op, out);
-    case ncclFloat32: return ReduceTyped<float>(c, offset, count, op, out);
-    case ncclFloat64: return ReduceTyped<double>(c, offset, count, op, out);
-    case ncclFloat16: return ReduceHalf(c, offset, count, op, out, false);
-    case ncclBfloat16: return ReduceHalf(c, offset, count, op, out, true);
-    default: return;  // fp8 is refused at the call
+    case ncclInt8:
+      return ReduceTyped<int8_t>(c, offset, count, op, out);
+    case ncclUint8:
+      return ReduceTyped<uint8_t>(c, offset, count, op, out);
+    case ncclInt32:
+      return ReduceTyped<int32_t>(c, offset, count, op, out);
+    case ncclUint32:
+      return ReduceTyped<uint32_t>(c, offset, count, op, out);
+    case ncclInt64:
+      return ReduceTyped<int64_t>(c, offset, count, op, out);
+    case ncclUint64:
+      return ReduceTyped<uint64_t>(c, offset, count, op, out);
+    case ncclFloat32:
+      return ReduceTyped<float>(c, offset, count, op, out);
+    case ncclFloat64:
+      return ReduceTyped<double>(c, offset, count, op, out);
+    case ncclFloat16:
+      return ReduceHalf(c, offset, count, op, out, false);
+    case ncclBfloat16:
+      return ReduceHalf(c, offset, count, op, out, true);
+    default:
+      return;  // fp8 is refused at the call
   }
 }
 
@@ -220,8 +246,18 @@ void CorruptIfAsked(ncclComm* c, uint64_t ordinal, void* out, size_t count, size
   }
 }
 
-enum class Kind { kAllReduce, kBroadcast, kReduce, kAllGather, kReduceScatter, kAlltoAll,
-                  kGather, kScatter, kSend, kRecv };
+enum class Kind {
+  kAllReduce,
+  kBroadcast,
+  kReduce,
+  kAllGather,
+  kReduceScatter,
+  kAlltoAll,
+  kGather,
+  kScatter,
+  kSend,
+  kRecv
+};
 
 struct Call {
   Kind kind;
@@ -262,9 +298,10 @@ ncclResult_t Execute(const Call& k) {
     return ncclSuccess;
   }
   // Collectives: stage this rank's input, meet, compute the own output, meet.
-  size_t staged = k.kind == Kind::kAlltoAll || k.kind == Kind::kScatter || k.kind == Kind::kReduceScatter
-                      ? bytes * n
-                      : bytes;
+  size_t staged =
+      k.kind == Kind::kAlltoAll || k.kind == Kind::kScatter || k.kind == Kind::kReduceScatter
+          ? bytes * n
+          : bytes;
   bool contributes = k.kind != Kind::kScatter || me == k.root;
   if (k.kind == Kind::kBroadcast) contributes = me == k.root;
   if (contributes && staged != 0) std::memmove(c->slot(me), k.send, staged);
@@ -277,23 +314,33 @@ ncclResult_t Execute(const Call& k) {
     case Kind::kReduce:
       if (me == k.root) Reduce(c, 0, k.count, k.type, k.op, k.recv);
       break;
-    case Kind::kReduceScatter: Reduce(c, size_t(me) * bytes, k.count, k.type, k.op, k.recv); break;
-    case Kind::kBroadcast: std::memcpy(k.recv, c->slot(k.root), bytes); break;
+    case Kind::kReduceScatter:
+      Reduce(c, size_t(me) * bytes, k.count, k.type, k.op, k.recv);
+      break;
+    case Kind::kBroadcast:
+      std::memcpy(k.recv, c->slot(k.root), bytes);
+      break;
     case Kind::kAllGather:
-      for (int r = 0; r < n; ++r) std::memcpy(static_cast<uint8_t*>(k.recv) + r * bytes, c->slot(r), bytes);
+      for (int r = 0; r < n; ++r)
+        std::memcpy(static_cast<uint8_t*>(k.recv) + r * bytes, c->slot(r), bytes);
       break;
     case Kind::kGather:
       if (me == k.root) {
-        for (int r = 0; r < n; ++r) std::memcpy(static_cast<uint8_t*>(k.recv) + r * bytes, c->slot(r), bytes);
+        for (int r = 0; r < n; ++r)
+          std::memcpy(static_cast<uint8_t*>(k.recv) + r * bytes, c->slot(r), bytes);
       }
       break;
-    case Kind::kScatter: std::memcpy(k.recv, c->slot(k.root) + size_t(me) * bytes, bytes); break;
+    case Kind::kScatter:
+      std::memcpy(k.recv, c->slot(k.root) + size_t(me) * bytes, bytes);
+      break;
     case Kind::kAlltoAll:
       for (int r = 0; r < n; ++r) {
-        std::memcpy(static_cast<uint8_t*>(k.recv) + r * bytes, c->slot(r) + size_t(me) * bytes, bytes);
+        std::memcpy(static_cast<uint8_t*>(k.recv) + r * bytes, c->slot(r) + size_t(me) * bytes,
+                    bytes);
       }
       break;
-    default: break;
+    default:
+      break;
   }
   if (!c->Barrier()) return Fail(ncclRemoteError, "a rank did not arrive");
   return ncclSuccess;
@@ -353,8 +400,10 @@ ncclResult_t CheckComm(ncclComm* c) {
 ncclResult_t Validate(const Call& k) {
   if (ncclResult_t r = CheckComm(k.comm); r != ncclSuccess) return r;
   if (k.type < 0 || k.type >= ncclNumTypes) return Fail(ncclInvalidArgument, "invalid datatype");
-  bool reduces = k.kind == Kind::kAllReduce || k.kind == Kind::kReduce || k.kind == Kind::kReduceScatter;
-  if (reduces && (k.op < 0 || k.op >= ncclNumOps)) return Fail(ncclInvalidArgument, "invalid reduction op");
+  bool reduces =
+      k.kind == Kind::kAllReduce || k.kind == Kind::kReduce || k.kind == Kind::kReduceScatter;
+  if (reduces && (k.op < 0 || k.op >= ncclNumOps))
+    return Fail(ncclInvalidArgument, "invalid reduction op");
   if (reduces && TypeSize(k.type) == 1 && (k.type == ncclFloat8e4m3 || k.type == ncclFloat8e5m2)) {
     return Fail(ncclInvalidUsage, "fp8 reductions are not in the stand-in");
   }
@@ -364,16 +413,19 @@ ncclResult_t Validate(const Call& k) {
     return Fail(ncclInvalidArgument, "root or peer out of range");
   }
   if (k.count != 0) {
-    bool needs_send = k.kind != Kind::kRecv && (k.kind != Kind::kScatter || k.comm->rank == k.root) &&
+    bool needs_send = k.kind != Kind::kRecv &&
+                      (k.kind != Kind::kScatter || k.comm->rank == k.root) &&
                       (k.kind != Kind::kBroadcast || k.comm->rank == k.root);
-    bool needs_recv = k.kind != Kind::kSend &&
-                      ((k.kind != Kind::kReduce && k.kind != Kind::kGather) || k.comm->rank == k.root);
+    bool needs_recv =
+        k.kind != Kind::kSend &&
+        ((k.kind != Kind::kReduce && k.kind != Kind::kGather) || k.comm->rank == k.root);
     if ((needs_send && k.send == nullptr) || (needs_recv && k.recv == nullptr)) {
       return Fail(ncclInvalidArgument, "buffer is NULL");
     }
   }
   size_t bytes = k.count * TypeSize(k.type);
-  bool per_peer = k.kind == Kind::kAlltoAll || k.kind == Kind::kScatter || k.kind == Kind::kReduceScatter;
+  bool per_peer =
+      k.kind == Kind::kAlltoAll || k.kind == Kind::kScatter || k.kind == Kind::kReduceScatter;
   if ((per_peer ? bytes * k.comm->nranks : bytes) > kSlotBytes ||
       ((k.kind == Kind::kSend || k.kind == Kind::kRecv) && bytes > kMailBytes)) {
     return Fail(ncclInvalidUsage, "larger than the stand-in's staging slot");
@@ -390,7 +442,8 @@ ncclResult_t Enqueue(Call k) {
 
 ncclResult_t Join(ncclComm_t* out, int nranks, const ncclUniqueId& id, int rank) {
   if (out == nullptr) return Fail(ncclInvalidArgument, "comm is NULL");
-  if (nranks < 1 || rank < 0 || rank >= nranks) return Fail(ncclInvalidArgument, "rank or nranks invalid");
+  if (nranks < 1 || rank < 0 || rank >= nranks)
+    return Fail(ncclInvalidArgument, "rank or nranks invalid");
   std::string name = SegmentName(id);
   int fd = ::shm_open(name.c_str(), O_CREAT | O_RDWR, 0600);
   if (fd < 0) return Fail(ncclSystemError, "shm_open " + name + ": " + std::strerror(errno));
@@ -461,8 +514,12 @@ STAND_IN_API ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
 }
 
 STAND_IN_API const char* ncclGetErrorString(ncclResult_t r) {
-  static const char* names[] = {"no error", "unhandled cuda error", "unhandled system error",
-                                "internal error", "invalid argument", "invalid usage",
+  static const char* names[] = {"no error",
+                                "unhandled cuda error",
+                                "unhandled system error",
+                                "internal error",
+                                "invalid argument",
+                                "invalid usage",
                                 "remote process exited or there was a network error",
                                 "NCCL operation in progress"};
   return r >= 0 && r < ncclNumResults ? names[r] : "unknown result code";
@@ -470,13 +527,15 @@ STAND_IN_API const char* ncclGetErrorString(ncclResult_t r) {
 
 STAND_IN_API const char* ncclGetLastError(ncclComm_t) { return last_error.c_str(); }
 
-STAND_IN_API ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank) {
+STAND_IN_API ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id,
+                                           int rank) {
   return Join(comm, nranks, id, rank);
 }
 
-STAND_IN_API ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank,
-                                                 ncclConfig_t* config) {
-  if (config != nullptr && config->magic != 0xcafebeef) return Fail(ncclInvalidArgument, "config not initialised");
+STAND_IN_API ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId id,
+                                                 int rank, ncclConfig_t* config) {
+  if (config != nullptr && config->magic != 0xcafebeef)
+    return Fail(ncclInvalidArgument, "config not initialised");
   return Join(comm, nranks, id, rank);
 }
 
@@ -520,7 +579,8 @@ STAND_IN_API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncc
     return ncclSuccess;
   }
   std::sort(members.begin(), members.end());
-  int rank = int(std::find(members.begin(), members.end(), std::make_pair(key, comm->rank)) - members.begin());
+  int rank = int(std::find(members.begin(), members.end(), std::make_pair(key, comm->rank)) -
+                 members.begin());
   ncclUniqueId id = comm->id;
   uint64_t salt[2] = {ordinal + 1, uint64_t(uint32_t(color)) | uint64_t{1} << 40};
   for (int i = 0; i < 16; ++i) id.internal[i] ^= reinterpret_cast<const char*>(salt)[i];
@@ -565,32 +625,32 @@ STAND_IN_API ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device) {
   return ncclSuccess;
 }
 
-STAND_IN_API ncclResult_t ncclAllReduce(const void* s, void* r, size_t n, ncclDataType_t t, ncclRedOp_t op,
-                                        ncclComm_t c, cudaStream_t) {
+STAND_IN_API ncclResult_t ncclAllReduce(const void* s, void* r, size_t n, ncclDataType_t t,
+                                        ncclRedOp_t op, ncclComm_t c, cudaStream_t) {
   return Enqueue({Kind::kAllReduce, s, r, n, t, op, -1, c});
 }
-STAND_IN_API ncclResult_t ncclReduce(const void* s, void* r, size_t n, ncclDataType_t t, ncclRedOp_t op,
-                                     int root, ncclComm_t c, cudaStream_t) {
+STAND_IN_API ncclResult_t ncclReduce(const void* s, void* r, size_t n, ncclDataType_t t,
+                                     ncclRedOp_t op, int root, ncclComm_t c, cudaStream_t) {
   return Enqueue({Kind::kReduce, s, r, n, t, op, root, c});
 }
-STAND_IN_API ncclResult_t ncclBroadcast(const void* s, void* r, size_t n, ncclDataType_t t, int root,
-                                        ncclComm_t c, cudaStream_t) {
+STAND_IN_API ncclResult_t ncclBroadcast(const void* s, void* r, size_t n, ncclDataType_t t,
+                                        int root, ncclComm_t c, cudaStream_t) {
   return Enqueue({Kind::kBroadcast, s, r, n, t, ncclSum, root, c});
 }
 STAND_IN_API ncclResult_t ncclBcast(void* b, size_t n, ncclDataType_t t, int root, ncclComm_t c,
                                     cudaStream_t) {
   return Enqueue({Kind::kBroadcast, b, b, n, t, ncclSum, root, c});
 }
-STAND_IN_API ncclResult_t ncclAllGather(const void* s, void* r, size_t n, ncclDataType_t t, ncclComm_t c,
-                                        cudaStream_t) {
+STAND_IN_API ncclResult_t ncclAllGather(const void* s, void* r, size_t n, ncclDataType_t t,
+                                        ncclComm_t c, cudaStream_t) {
   return Enqueue({Kind::kAllGather, s, r, n, t, ncclSum, -1, c});
 }
 STAND_IN_API ncclResult_t ncclReduceScatter(const void* s, void* r, size_t n, ncclDataType_t t,
                                             ncclRedOp_t op, ncclComm_t c, cudaStream_t) {
   return Enqueue({Kind::kReduceScatter, s, r, n, t, op, -1, c});
 }
-STAND_IN_API ncclResult_t ncclAlltoAll(const void* s, void* r, size_t n, ncclDataType_t t, ncclComm_t c,
-                                       cudaStream_t) {
+STAND_IN_API ncclResult_t ncclAlltoAll(const void* s, void* r, size_t n, ncclDataType_t t,
+                                       ncclComm_t c, cudaStream_t) {
   return Enqueue({Kind::kAlltoAll, s, r, n, t, ncclSum, -1, c});
 }
 STAND_IN_API ncclResult_t ncclGather(const void* s, void* r, size_t n, ncclDataType_t t, int root,
@@ -601,8 +661,8 @@ STAND_IN_API ncclResult_t ncclScatter(const void* s, void* r, size_t n, ncclData
                                       ncclComm_t c, cudaStream_t) {
   return Enqueue({Kind::kScatter, s, r, n, t, ncclSum, root, c});
 }
-STAND_IN_API ncclResult_t ncclSend(const void* s, size_t n, ncclDataType_t t, int peer, ncclComm_t c,
-                                   cudaStream_t) {
+STAND_IN_API ncclResult_t ncclSend(const void* s, size_t n, ncclDataType_t t, int peer,
+                                   ncclComm_t c, cudaStream_t) {
   return Enqueue({Kind::kSend, s, nullptr, n, t, ncclSum, peer, c});
 }
 STAND_IN_API ncclResult_t ncclRecv(void* r, size_t n, ncclDataType_t t, int peer, ncclComm_t c,
