@@ -104,6 +104,7 @@ using opguard::nccl::Recording;
   REAL_OR_FAIL(fn);                            \
   if (!Recording()) return real(__VA_ARGS__);  \
   Call call = make_call;                       \
+  call.caller = __builtin_return_address(0);   \
   return Recorder::Get().Collective(call, [&] { return real(__VA_ARGS__); })
 
 namespace {

@@ -1,9 +1,12 @@
 #include "recorder.h"
 
+#include <cxxabi.h>
+#include <dlfcn.h>
 #include <time.h>
 
 #include <cinttypes>
 #include <cstdio>
+#include <cstdlib>
 
 #include "buffer_fingerprint.h"
 #include "identity.h"
@@ -211,6 +214,36 @@ uint64_t Recorder::NextSeq(const Pending& p, uint64_t* communicator) {
   return c->next_seq++;
 }
 
+uint64_t Recorder::SiteOf(const void* caller) {
+  if (caller == nullptr) return 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = sites_.find(caller); it != sites_.end()) return it->second;
+  }
+  Dl_info info{};
+  std::string file = "?", function;
+  if (dladdr(caller, &info) != 0 && info.dli_fname != nullptr) {
+    file = info.dli_fname;
+    const void* base = info.dli_fbase;
+    if (info.dli_sname != nullptr && info.dli_saddr != nullptr) {
+      int status = -1;
+      char* demangled = abi::__cxa_demangle(info.dli_sname, nullptr, nullptr, &status);
+      function = status == 0 ? demangled : info.dli_sname;
+      std::free(demangled);
+      base = info.dli_saddr;
+    }
+    char offset[32];
+    std::snprintf(
+        offset, sizeof(offset), "+0x%zx",
+        static_cast<size_t>(static_cast<const char*>(caller) - static_cast<const char*>(base)));
+    function += offset;
+  }
+  uint64_t site = opguard_site(file.c_str(), 0, function.c_str());
+  std::lock_guard<std::mutex> lock(mu_);
+  sites_.emplace(caller, site);
+  return site;
+}
+
 void Recorder::TakeInput(Pending& p) {
   if (!p.call.input.used) return;
   p.has_input =
@@ -232,6 +265,7 @@ void Recorder::Record(std::vector<Pending>& calls) {
     rec.lane = 0;
     rec.op_index = OPGUARD_AUTO;
     rec.step = OPGUARD_AUTO;
+    rec.site = SiteOf(p.call.caller);
     rec.num_inputs = p.has_input ? 1 : 0;
     rec.inputs = p.has_input ? &p.input : nullptr;
     rec.phase = OPGUARD_PHASE_ENTERED;

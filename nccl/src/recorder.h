@@ -29,6 +29,7 @@ struct Call {
   size_t count = 0;  // NCCL's count argument
   int root = -1;     // root or peer, -1 none
   cudaStream_t stream = nullptr;
+  const void* caller = nullptr;  // return address into the application's code
   // Buffers and their sizes in `count`s: 1, or `scale_by_ranks` for
   // count × communicator size; root_only: only the root reads/writes it.
   struct Buffer {
@@ -101,6 +102,9 @@ class Recorder {
   // The sequence number and communicator id of the call, after those of
   // earlier calls on the same communicator (or point-to-point channel).
   uint64_t NextSeq(const Pending& p, uint64_t* communicator);
+  // The call site of a return address: the calling object and the nearest
+  // symbol plus offset (dladdr), interned once per address.
+  uint64_t SiteOf(const void* caller);
 
   // Calls of this thread's open group, issued by its outermost GroupEnd
   // (NCCL's group state is per thread too).
@@ -109,6 +113,7 @@ class Recorder {
   std::mutex mu_;
   std::unordered_map<ncclComm_t, Communicator> comms_;
   std::unordered_map<uint64_t, int> members_here_;  // identity -> members in this process
+  std::unordered_map<const void*, uint64_t> sites_;
 };
 
 uint8_t DTypeOf(ncclDataType_t type);

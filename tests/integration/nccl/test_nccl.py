@@ -132,6 +132,9 @@ class NcclTest(unittest.TestCase):
         text = self.daemon.cli("collectives", "sdc", check=False).stdout
         self.assertIn("all_reduce", text)
         self.assertIn("seq 3 · rank(s) 2 disagree", text)
+        # Each member's call site: the program and where in it NCCL was called.
+        self.assertIn(os.path.realpath(rank_program()) + " in ", text)
+        self.assertNotIn("unknown site", text)
 
     def test_a_clean_run_of_the_same_program_is_consistent(self):
         self.launch("clean", 3, "steps", iterations=6)
