@@ -110,7 +110,7 @@ void AllCalls(ncclComm_t world) {
   Check(from_all[(N - 1) * n] == (N - 1) * 100 + rank, "all_to_all");
 
   NCCL_OK(ncclGather(mine.data(), big.data(), n, ncclFloat32, 0, world, nullptr));
-  Check(rank != 0 || big[n + 4] == float(1000 + 4), "gather at root");
+  Check(rank != 0 || N < 2 || big[n + 4] == float(1000 + 4), "gather at root");
 
   NCCL_OK(ncclScatter(shards.data(), out.data(), n, ncclFloat32, 1 % N, world, nullptr));
   Check(out[0] == float(rank * n), "scatter");

@@ -26,6 +26,15 @@ def rank_program():
     return os.environ["OPGUARD_NCCL_RANK"]
 
 
+def preload_allowed(env):
+    """In a sanitizer build (scripts/sanitize.sh exports ASAN_OPTIONS) the
+    preloaded library needs the ASan runtime, which then is not first in the
+    process's library list; ASan accepts that only when told so."""
+    if "ASAN_OPTIONS" in env:
+        env["ASAN_OPTIONS"] += ":verify_asan_link_order=0"
+    return env
+
+
 class NcclTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -45,7 +54,7 @@ class NcclTest(unittest.TestCase):
                if not k.startswith("OPGUARD") and k not in ("RANK", "WORLD_SIZE", "LD_PRELOAD")}
         env["OPGUARD_ENDPOINT"] = self.daemon.ingest
         env.update({k: str(v) for k, v in extra.items()})
-        return env
+        return preload_allowed(env)
 
     def launch(self, run, ranks, scenario, through_exec=True, iterations=10, **extra):
         """Runs `ranks` processes of the rank program; returns their outputs."""
@@ -158,7 +167,7 @@ class ExecTest(unittest.TestCase):
 
     def opguard(self, *args, env=None):
         return subprocess.run([os.environ["OPGUARD_CLI"], *args], capture_output=True, text=True,
-                              timeout=60, env=env)
+                              timeout=60, env=preload_allowed(dict(env or os.environ)))
 
     def test_sets_the_environment_and_keeps_an_existing_preload(self):
         env = {k: v for k, v in os.environ.items() if not k.startswith("OPGUARD")}
