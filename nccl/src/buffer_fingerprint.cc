@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "log.h"
+#include "shim_api.h"
 
 namespace opguard::nccl {
 namespace {
@@ -82,7 +83,7 @@ BufferFingerprint FingerprintBuffer(const void* data, uint8_t dtype, uint64_t el
     return BufferFingerprint::kDeviceMemory;
   }
   *shape = static_cast<int64_t>(elements);
-  if (opguard_fingerprint_host(data, dtype, shape, 1, nullptr, out) != OPGUARD_OK) {
+  if (Shim()->fingerprint_host(data, dtype, shape, 1, nullptr, out) != OPGUARD_OK) {
     return BufferFingerprint::kNotTaken;
   }
   out->device = -1;

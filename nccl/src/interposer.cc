@@ -19,6 +19,7 @@
 #include "log.h"
 #include "real_nccl.h"
 #include "recorder.h"
+#include "shim_api.h"
 
 namespace opguard::nccl {
 
@@ -50,7 +51,11 @@ bool Wanted() {
 }
 
 // The shim decides (it may turn itself off, e.g. after fork or on failure).
-bool Recording() { return Wanted() && opguard_enabled() == 1; }
+bool Recording() {
+  if (!Wanted()) return false;
+  const ShimApi* shim = Shim();
+  return shim != nullptr && shim->enabled() == 1;
+}
 
 std::string Hex(uint64_t v) {
   char text[17];
@@ -346,13 +351,5 @@ OPGUARD_NCCL_API ncclResult_t ncclCommDestroy(ncclComm_t comm) {
 OPGUARD_NCCL_API ncclResult_t ncclCommAbort(ncclComm_t comm) {
   REAL_OR_FAIL(ncclCommAbort);
   if (Recording()) Recorder::Get().RemoveCommunicator(comm);
-  return real(comm);
-}
-
-// Finalize flushes the communicator's outstanding work; it stays valid until
-// Destroy, so nothing changes here. Interposed so that every lifecycle call
-// passes through one place.
-OPGUARD_NCCL_API ncclResult_t ncclCommFinalize(ncclComm_t comm) {
-  REAL_OR_FAIL(ncclCommFinalize);
   return real(comm);
 }

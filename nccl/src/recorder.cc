@@ -12,6 +12,7 @@
 #include "identity.h"
 #include "log.h"
 #include "real_nccl.h"
+#include "shim_api.h"
 
 namespace opguard::nccl {
 namespace {
@@ -85,7 +86,7 @@ void Recorder::AddCommunicator(ncclComm_t comm, uint64_t identity, const std::st
     int version = 0;
     if (auto get = OPGUARD_REAL_NCCL(ncclGetVersion);
         get != nullptr && get(&version) == ncclSuccess) {
-      opguard_set_run_info(OPGUARD_INFO_VERSION, "nccl", std::to_string(version).c_str());
+      Shim()->set_run_info(OPGUARD_INFO_VERSION, "nccl", std::to_string(version).c_str());
     }
   });
   std::lock_guard<std::mutex> lock(mu_);
@@ -172,7 +173,7 @@ bool Recorder::Prepare(const Call& call, Pending* out) {
     def.size = static_cast<uint32_t>(c->nranks);
     def.id = c->id;
     def.name = c->name.c_str();
-    c->defined = opguard_communicator_define(&def) != 0;
+    c->defined = Shim()->communicator_define(&def) != 0;
   }
   out->call = call;
   out->communicator = c->id;
@@ -199,7 +200,7 @@ bool Recorder::Prepare(const Call& call, Pending* out) {
       def.size = 2;
       def.id = out->communicator;
       def.name = name.c_str();
-      opguard_communicator_define(&def);
+      Shim()->communicator_define(&def);
     }
   }
   return true;
@@ -238,7 +239,7 @@ uint64_t Recorder::SiteOf(const void* caller) {
         static_cast<size_t>(static_cast<const char*>(caller) - static_cast<const char*>(base)));
     function += offset;
   }
-  uint64_t site = opguard_site(file.c_str(), 0, function.c_str());
+  uint64_t site = Shim()->site(file.c_str(), 0, function.c_str());
   std::lock_guard<std::mutex> lock(mu_);
   sites_.emplace(caller, site);
   return site;
@@ -271,7 +272,7 @@ void Recorder::Record(std::vector<Pending>& calls) {
     rec.phase = OPGUARD_PHASE_ENTERED;
     rec.time_ns = p.time_ns;
     uint64_t seq = rec.seq;
-    if (opguard_record_collective(&rec, &seq) != OPGUARD_OK && rec.seq == OPGUARD_AUTO) continue;
+    if (Shim()->record_collective(&rec, &seq) != OPGUARD_OK && rec.seq == OPGUARD_AUTO) continue;
     opguard_tensor output{};
     int64_t output_shape = 0;
     bool has_output =
@@ -283,7 +284,7 @@ void Recorder::Record(std::vector<Pending>& calls) {
     rec.num_outputs = has_output ? 1 : 0;
     rec.outputs = has_output ? &output : nullptr;
     rec.time_ns = WallNs();
-    opguard_record_collective(&rec, nullptr);
+    Shim()->record_collective(&rec, nullptr);
   }
 }
 
