@@ -64,20 +64,25 @@ std::string Hex(uint64_t v) {
 }
 
 // The communicator's name in reports: the application's commName when it
-// gave one (ncclConfig_t, same on every member), else nccl-<identity>.
-std::string NameOf(uint64_t identity, const ncclConfig_t* config) {
+// gave one (ncclConfig_t, same on every member), else `otherwise`.
+std::string NameOf(const ncclConfig_t* config, std::string otherwise) {
   constexpr size_t kNameEnd = offsetof(ncclConfig_t, commName) + sizeof(const char*);
   if (config != nullptr && config->size >= kNameEnd && config->commName != nullptr &&
       config->commName[0] != '\0') {
     return std::string("nccl:") + config->commName;
   }
-  return "nccl-" + Hex(identity);
+  return otherwise;
+}
+
+bool Created(ncclResult_t r, const ncclComm_t* comm) {
+  return (r == ncclSuccess || r == ncclInProgress) && comm != nullptr && *comm != nullptr;
 }
 
 void AddInitialised(ncclResult_t r, ncclComm_t* comm, uint64_t identity, const ncclConfig_t* config,
                     int nranks, int rank) {
-  if ((r == ncclSuccess || r == ncclInProgress) && comm != nullptr) {
-    Recorder::Get().AddCommunicator(*comm, identity, NameOf(identity, config), nranks, rank);
+  if (Created(r, comm)) {
+    Recorder::Get().AddCommunicator(*comm, identity, NameOf(config, "nccl-" + Hex(identity)),
+                                    nranks, rank);
   }
 }
 
@@ -93,6 +98,8 @@ Call::Buffer Buffer(const void* data, int size = kCount) {
 
 using opguard::nccl::Call;
 using opguard::nccl::Recorder;
+using opguard::nccl::Created;
+using opguard::nccl::NameOf;
 using opguard::nccl::Recording;
 
 #define OPGUARD_NCCL_API extern "C" __attribute__((visibility("default")))
@@ -303,21 +310,14 @@ OPGUARD_NCCL_API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key,
   if (!Recording()) return real(comm, color, key, newcomm, config);
   // Counted whether or not this member joins a child: every member of the
   // parent calls the split, so each counts it alike.
-  uint64_t parent = 0, ordinal = 0;
-  std::string parent_name;
-  bool known = Recorder::Get().NextSplit(comm, &parent, &ordinal, &parent_name);
+  Recorder::Parent parent;
+  bool known = Recorder::Get().NextChild(comm, Recorder::kSplit, &parent);
   ncclResult_t r = real(comm, color, key, newcomm, config);
-  if (known && color != NCCL_SPLIT_NOCOLOR && newcomm != nullptr && *newcomm != nullptr &&
-      (r == ncclSuccess || r == ncclInProgress)) {
-    uint64_t identity = opguard::nccl::IdentityOfSplit(parent, color, ordinal);
+  if (known && color != NCCL_SPLIT_NOCOLOR && Created(r, newcomm)) {
+    uint64_t identity = opguard::nccl::IdentityOfSplit(parent.id, color, parent.ordinal);
     std::string name =
-        parent_name + "/split" + std::to_string(ordinal) + "." + std::to_string(color);
-    constexpr size_t kNameEnd = offsetof(ncclConfig_t, commName) + sizeof(const char*);
-    if (config != nullptr && config->size >= kNameEnd && config->commName != nullptr &&
-        config->commName[0]) {
-      name = std::string("nccl:") + config->commName;
-    }
-    Recorder::Get().AddCommunicator(*newcomm, identity, name, -1, -1);
+        parent.name + "/split" + std::to_string(parent.ordinal) + "." + std::to_string(color);
+    Recorder::Get().AddCommunicator(*newcomm, identity, NameOf(config, name), -1, -1);
   }
   return r;
 }
@@ -326,17 +326,15 @@ OPGUARD_NCCL_API ncclResult_t ncclCommShrink(ncclComm_t comm, int* exclude, int 
                                              ncclComm_t* newcomm, ncclConfig_t* config, int flags) {
   REAL_OR_FAIL(ncclCommShrink);
   if (!Recording()) return real(comm, exclude, nexclude, newcomm, config, flags);
-  uint64_t parent = 0, ordinal = 0;
-  std::string parent_name;
-  bool known = Recorder::Get().NextShrink(comm, &parent, &ordinal, &parent_name);
+  Recorder::Parent parent;
+  bool known = Recorder::Get().NextChild(comm, Recorder::kShrink, &parent);
   ncclResult_t r = real(comm, exclude, nexclude, newcomm, config, flags);
-  if (known && newcomm != nullptr && *newcomm != nullptr &&
-      (r == ncclSuccess || r == ncclInProgress)) {
+  if (known && Created(r, newcomm)) {
     std::span<const int> excluded(exclude,
                                   exclude != nullptr && nexclude > 0 ? size_t(nexclude) : 0);
-    uint64_t identity = opguard::nccl::IdentityOfShrink(parent, ordinal, excluded);
-    Recorder::Get().AddCommunicator(*newcomm, identity,
-                                    parent_name + "/shrink" + std::to_string(ordinal), -1, -1);
+    uint64_t identity = opguard::nccl::IdentityOfShrink(parent.id, parent.ordinal, excluded);
+    std::string name = parent.name + "/shrink" + std::to_string(parent.ordinal);
+    Recorder::Get().AddCommunicator(*newcomm, identity, NameOf(config, name), -1, -1);
   }
   return r;
 }

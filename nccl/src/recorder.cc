@@ -113,25 +113,13 @@ Recorder::Communicator* Recorder::FindLocked(ncclComm_t comm) {
   return it == comms_.end() ? nullptr : &it->second;
 }
 
-bool Recorder::NextSplit(ncclComm_t parent, uint64_t* identity, uint64_t* ordinal,
-                         std::string* name) {
+bool Recorder::NextChild(ncclComm_t parent, Derivation how, Parent* out) {
   std::lock_guard<std::mutex> lock(mu_);
   Communicator* c = FindLocked(parent);
   if (c == nullptr) return false;
-  *identity = c->id;
-  *ordinal = c->splits++;
-  *name = c->name;
-  return true;
-}
-
-bool Recorder::NextShrink(ncclComm_t parent, uint64_t* identity, uint64_t* ordinal,
-                          std::string* name) {
-  std::lock_guard<std::mutex> lock(mu_);
-  Communicator* c = FindLocked(parent);
-  if (c == nullptr) return false;
-  *identity = c->id;
-  *ordinal = c->shrinks++;
-  *name = c->name;
+  out->id = c->id;
+  out->ordinal = c->children[how]++;
+  out->name = c->name;
   return true;
 }
 

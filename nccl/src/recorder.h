@@ -49,10 +49,16 @@ class Recorder {
   // `nranks` and `rank` may be -1 when not known yet.
   void AddCommunicator(ncclComm_t comm, uint64_t identity, const std::string& name, int nranks,
                        int rank);
-  // Identity and next split/shrink ordinal of a known communicator; false if
-  // it is not known (created before recording started, or not recorded).
-  bool NextSplit(ncclComm_t parent, uint64_t* identity, uint64_t* ordinal, std::string* name);
-  bool NextShrink(ncclComm_t parent, uint64_t* identity, uint64_t* ordinal, std::string* name);
+  // A split or shrink of `parent` is under way: its identity and name and
+  // the ordinal of this split (or shrink) among the parent's. False if the
+  // parent is not known (created before recording started).
+  enum Derivation { kSplit, kShrink };
+  struct Parent {
+    uint64_t id = 0;
+    uint64_t ordinal = 0;
+    std::string name;
+  };
+  bool NextChild(ncclComm_t parent, Derivation how, Parent* out);
   void RemoveCommunicator(ncclComm_t comm);
 
   // A collective or point-to-point call: forwards it with `forward` and
@@ -72,8 +78,7 @@ class Recorder {
     bool recorded = true;  // false: another member of it lives in this process
     bool defined = false;
     uint64_t next_seq = 0;
-    uint64_t splits = 0;
-    uint64_t shrinks = 0;
+    uint64_t children[2] = {0, 0};  // splits and shrinks so far (Derivation)
     // Point-to-point: (channel, kind) -> next sequence number. A process is
     // the sender or the receiver of a channel, both only for sends to itself.
     std::map<std::pair<uint64_t, uint8_t>, uint64_t> channel_seq;
