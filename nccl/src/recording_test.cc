@@ -251,6 +251,24 @@ TEST(NcclRecording, SplitsAndPointToPointChannelsGetIdentitiesEveryMemberDerives
   EXPECT_EQ(ncclCommDestroy(third), ncclSuccess);
 }
 
+TEST(NcclRecording, ConfiguredAndScalableInitsTakeTheirIdentityFromAllTheirIds) {
+  ncclUniqueId ids[2];
+  ASSERT_EQ(ncclGetUniqueId(&ids[0]), ncclSuccess);
+  ASSERT_EQ(ncclGetUniqueId(&ids[1]), ncclSuccess);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.commName = "tp0";
+  ncclComm_t configured = nullptr, scalable = nullptr;
+  ASSERT_EQ(ncclCommInitRankConfig(&configured, 1, ids[0], 0, &config), ncclSuccess);
+  ASSERT_EQ(ncclCommInitRankScalable(&scalable, 1, 0, 2, ids, nullptr), ncclSuccess);
+  int8_t x = 3, y = 0;
+  ASSERT_EQ(ncclAllReduce(&x, &y, 1, ncclInt8, ncclSum, configured, nullptr), ncclSuccess);
+  ASSERT_EQ(ncclAllReduce(&x, &y, 1, ncclInt8, ncclSum, scalable, nullptr), ncclSuccess);
+  EXPECT_EQ(RecordsOf(IdentityOfUniqueIds(&ids[0], sizeof(ids[0])), 2).size(), 2u);
+  EXPECT_EQ(RecordsOf(IdentityOfUniqueIds(ids, sizeof(ids)), 2).size(), 2u);
+  EXPECT_EQ(ncclCommDestroy(configured), ncclSuccess);
+  EXPECT_EQ(ncclCommDestroy(scalable), ncclSuccess);
+}
+
 TEST(NcclRecording, OnlyOneMemberOfACommunicatorIsRecordedPerProcess) {
   ncclComm_t comms[2] = {nullptr, nullptr};
   ASSERT_EQ(ncclCommInitAll(comms, 2, nullptr), ncclSuccess);

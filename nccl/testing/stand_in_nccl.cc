@@ -488,6 +488,14 @@ ncclResult_t Join(ncclComm_t* out, int nranks, const ncclUniqueId& id, int rank)
   return ncclSuccess;
 }
 
+// NCCL_CONFIG_INITIALIZER's magic, or NULL.
+ncclResult_t CheckConfig(const ncclConfig_t* config) {
+  if (config != nullptr && config->magic != 0xcafebeef) {
+    return Fail(ncclInvalidArgument, "config not initialised");
+  }
+  return ncclSuccess;
+}
+
 void Release(ncclComm* c) {
   ::munmap(c->base, SegmentBytes(c->nranks));
   delete c;
@@ -534,9 +542,16 @@ STAND_IN_API ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUni
 
 STAND_IN_API ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId id,
                                                  int rank, ncclConfig_t* config) {
-  if (config != nullptr && config->magic != 0xcafebeef)
-    return Fail(ncclInvalidArgument, "config not initialised");
+  if (ncclResult_t r = CheckConfig(config); r != ncclSuccess) return r;
   return Join(comm, nranks, id, rank);
+}
+
+// Several ids only spread NCCL's bootstrap; the first names the segment.
+STAND_IN_API ncclResult_t ncclCommInitRankScalable(ncclComm_t* comm, int nranks, int rank, int nids,
+                                                   ncclUniqueId* ids, ncclConfig_t* config) {
+  if (nids < 1 || ids == nullptr) return Fail(ncclInvalidArgument, "no unique id");
+  if (ncclResult_t r = CheckConfig(config); r != ncclSuccess) return r;
+  return Join(comm, nranks, ids[0], rank);
 }
 
 STAND_IN_API ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* devlist) {
