@@ -9,7 +9,8 @@
 // Rank 0 writes the ncclUniqueId to DIR/id; the others wait for it (30 s).
 // Scenarios:
 //   all    every collective and point-to-point call, groups (nested), two
-//          splits (even/odd ranks; all but rank 0), then destroys them
+//          splits (even/odd ranks; all but rank 0), a shrink (all but the
+//          last rank), then destroys them
 //   steps  K all-reduces of 1024 floats on the world communicator
 //   bench  K all-reduces of 1 float; prints "ns_per_call X"
 #include <nccl.h>
@@ -157,6 +158,16 @@ void AllCalls(ncclComm_t world) {
     NCCL_OK(ncclCommDestroy(rest));
   }
   NCCL_OK(ncclCommDestroy(parity));
+
+  // Shrink away the last rank (it does not take part).
+  if (rank != N - 1) {
+    ncclComm_t shrunk = nullptr;
+    int last = N - 1;
+    NCCL_OK(ncclCommShrink(world, &last, 1, &shrunk, nullptr, NCCL_SHRINK_DEFAULT));
+    NCCL_OK(ncclAllReduce(one.data(), count.data(), 4, ncclInt32, ncclSum, shrunk, nullptr));
+    Check(count[0] == N - 1, "all_reduce on a shrunk communicator");
+    NCCL_OK(ncclCommDestroy(shrunk));
+  }
 }
 
 void Steps(ncclComm_t world, int iterations) {

@@ -116,7 +116,8 @@ struct ncclComm {
   int rank = 0;
   int device = 0;
   uint8_t* base = nullptr;
-  uint64_t splits = 0;  // ncclCommSplit calls on this communicator
+  uint64_t splits = 0;   // ncclCommSplit calls on this communicator
+  uint64_t shrinks = 0;  // ncclCommShrink calls on it
   uint64_t all_reduces = 0;
   std::vector<uint32_t> sent, received;  // per peer: messages so far (ring position)
 
@@ -600,6 +601,33 @@ STAND_IN_API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncc
   uint64_t salt[2] = {ordinal + 1, uint64_t(uint32_t(color)) | uint64_t{1} << 40};
   for (int i = 0; i < 16; ++i) id.internal[i] ^= reinterpret_cast<const char*>(salt)[i];
   return Join(newcomm, int(members.size()), id, rank);
+}
+
+// Only the remaining ranks call it (the excluded ones may be gone): each
+// joins a segment named after (parent, shrink ordinal) in parent rank order.
+STAND_IN_API ncclResult_t ncclCommShrink(ncclComm_t comm, int* exclude, int nexclude,
+                                         ncclComm_t* newcomm, ncclConfig_t* config, int) {
+  if (ncclResult_t r = CheckComm(comm); r != ncclSuccess) return r;
+  if (ncclResult_t r = CheckConfig(config); r != ncclSuccess) return r;
+  if (newcomm == nullptr || nexclude < 0 || (nexclude > 0 && exclude == nullptr)) {
+    return Fail(ncclInvalidArgument, "newcomm or exclude list invalid");
+  }
+  std::vector<bool> excluded(comm->nranks, false);
+  for (int i = 0; i < nexclude; ++i) {
+    if (exclude[i] < 0 || exclude[i] >= comm->nranks || exclude[i] == comm->rank) {
+      return Fail(ncclInvalidArgument, "excluded rank invalid");
+    }
+    excluded[exclude[i]] = true;
+  }
+  int rank = 0, nranks = 0;
+  for (int r = 0; r < comm->nranks; ++r) {
+    if (r == comm->rank) rank = nranks;
+    nranks += excluded[r] ? 0 : 1;
+  }
+  ncclUniqueId id = comm->id;
+  uint64_t salt[2] = {++comm->shrinks, uint64_t{2} << 40};
+  for (int i = 0; i < 16; ++i) id.internal[i] ^= reinterpret_cast<const char*>(salt)[i];
+  return Join(newcomm, nranks, id, rank);
 }
 
 STAND_IN_API ncclResult_t ncclCommFinalize(ncclComm_t comm) { return CheckComm(comm); }

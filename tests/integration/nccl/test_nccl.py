@@ -112,6 +112,10 @@ class NcclTest(unittest.TestCase):
         (rest,) = live[(1, 2, 3)]
         self.assertEqual(rest["name"], world["name"] + "/split1.0")
         self.assertEqual(last(rest), 0)
+        # A shrink without the last rank: the remaining ranks agree on it.
+        (shrunk,) = live[(0, 1, 2)]
+        self.assertEqual(shrunk["name"], world["name"] + "/shrink0")
+        self.assertEqual(last(shrunk), 0)
         # The ring of sends and receives: one channel per directed pair, on
         # which the send and the receive it matched share number 0.
         channels = [c for c in report["live"] if " p2p " in c["name"]]
@@ -121,7 +125,7 @@ class NcclTest(unittest.TestCase):
             src, dst = map(int, c["name"].split(" p2p ")[1].split("->"))
             self.assertEqual(sorted(r["rank"] for r in c["ranks"]), sorted((src, dst)))
             self.assertEqual(last(c), 0)
-        self.assertEqual(report["collectives"], 11 + 2 + 1 + 4)
+        self.assertEqual(report["collectives"], 11 + 2 + 1 + 1 + 4)
 
     def test_a_corrupted_result_on_one_rank_is_named_with_its_collective(self):
         # The stand-in flips the lowest bit of element 17 of rank 2's copy of
