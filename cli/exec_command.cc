@@ -94,9 +94,12 @@ int Main(const Exec& e) {
 
 std::function<int()> AddExec(CLI::App& cmd, const DaemonArgs&) {
   auto e = std::make_shared<Exec>();
+  // Everything from the first word of COMMAND on is COMMAND's, options too
+  // (`opguard exec python train.py --run x` passes --run to train.py).
+  cmd.positionals_at_end();
   cmd.add_option("--run", e->run, "the run's name (OPGUARD_RUN; default: the shim's)")
       ->option_text("NAME");
-  cmd.add_option("COMMAND", e->command, "the program and its arguments, after --")
+  cmd.add_option("COMMAND", e->command, "the program and its arguments (after --, or from its first word on)")
       ->required()
       ->expected(1, INT_MAX);
   cmd.footer(

@@ -185,6 +185,12 @@ class ExecTest(unittest.TestCase):
         self.assertEqual(os.path.realpath(first), os.path.realpath(os.environ["OPGUARD_NCCL_LIBRARY"]))
         self.assertEqual(rest, "libc.so.6")
 
+    def test_everything_from_the_command_on_is_the_commands(self):
+        # Without "--" too: options after the command's first word are its own.
+        out = self.opguard("exec", "sh", "-c", 'echo "$OPGUARD_RUN|$0|$1"', "--run", "--help")
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertEqual(out.stdout.strip(), "|--run|--help")
+
     def test_exit_codes(self):
         self.assertEqual(self.opguard("exec", "--", "sh", "-c", "exit 5").returncode, 5)
         missing = self.opguard("exec", "--", "/nonexistent/program")
