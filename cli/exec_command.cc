@@ -1,4 +1,4 @@
-// `opguard exec [--run NAME] -- CMD ARGS...`: runs CMD recorded, NCCL calls
+// `opguard exec [--run NAME] [--] CMD ARGS...`: runs CMD recorded, NCCL calls
 // included. It only sets the environment and replaces itself with CMD:
 //   OPGUARD=1, OPGUARD_RUN=NAME (with --run), and libopguard_nccl.so first in
 //   LD_PRELOAD (found next to this opguard: installed, or in the build tree).
