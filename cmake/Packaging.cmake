@@ -1,6 +1,7 @@
 # `cpack -G DEB` (from the build folder): two packages, installed under /usr
 # whatever the build's CMAKE_INSTALL_PREFIX:
-#   opguard        opguardd, the opguard CLI, the shim library and header (and
+#   opguard        opguardd, the opguard CLI, the shim library and header, the
+#                  NCCL interposer libopguard_nccl.so (`opguard exec`) (and
 #                  opguard-loadgen when tests are built), the systemd unit,
 #                  sysusers/tmpfiles snippets and /etc/opguard/opguardd.conf
 #                  (a conffile). No torch dependency: a node that only runs
@@ -30,8 +31,9 @@ set(CPACK_PACKAGE_DESCRIPTION_SUMMARY
 set(CPACK_PACKAGE_DESCRIPTION
     "OpGuard records a fingerprint of every op boundary of a training run and names the first
 operation where two runs (or two ranks) stop agreeing. This package holds the node
-daemon opguardd (systemd service), the opguard command line and the shim library
-that training jobs load with OPGUARD=1.")
+daemon opguardd (systemd service), the opguard command line, the shim library
+that training jobs load with OPGUARD=1 and the NCCL interposer that records NCCL
+programs run with `opguard exec`.")
 set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
 set(CPACK_INSTALL_PREFIX /usr)
 set(CPACK_SET_DESTDIR ON)

@@ -197,6 +197,15 @@ void FakeDaemon::Handle(const zmq::message_t& id, const zmq::message_t& msg, std
             r.seq = c->seq();
             r.phase = static_cast<uint8_t>(c->phase());
             r.op_index = c->op_index();
+            r.kind = static_cast<uint8_t>(c->kind());
+            r.dtype = static_cast<uint8_t>(c->dtype());
+            r.reduce_op = c->reduce_op();
+            r.root = c->root();
+            r.count = c->count();
+            r.time_ns = c->time_ns();
+            r.inputs = c->inputs() != nullptr ? c->inputs()->size() : 0;
+            r.outputs = c->outputs() != nullptr ? c->outputs()->size() : 0;
+            if (r.inputs != 0) r.in_lo = c->inputs()->Get(0)->fingerprint()->lo();
             if (c->outputs() != nullptr && c->outputs()->size() != 0) {
               r.out_lo = c->outputs()->Get(0)->fingerprint()->lo();
             }

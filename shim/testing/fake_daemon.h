@@ -48,6 +48,15 @@ struct ReceivedCollective {
   uint8_t phase = 0;
   uint64_t op_index = 0;
   uint64_t out_lo = 0;
+  uint8_t kind = 0;
+  uint8_t dtype = 0;
+  uint8_t reduce_op = 0;
+  int32_t root = -1;
+  uint64_t count = 0;
+  uint64_t time_ns = 0;
+  uint32_t inputs = 0;
+  uint32_t outputs = 0;
+  uint64_t in_lo = 0;   // first input's fingerprint, low half
 };
 
 struct ReceivedGap {

@@ -89,6 +89,12 @@ class Deb(unittest.TestCase):
         # The Python package and the adapter are opguard-torch's.
         self.assertNotIn("python3", run(["dpkg-deb", "-c", self.debs["opguard"]]))
 
+    def test_opguard_exec_preloads_the_packaged_nccl_interposer(self):
+        out = run([self.path("/usr/bin/opguard"), "exec", "--", "sh", "-c", 'echo "$LD_PRELOAD"'])
+        library = out.strip()
+        self.assertTrue(library.startswith(os.path.realpath(self.root) + "/usr/lib/"), library)
+        self.assertTrue(library.endswith("/libopguard_nccl.so"), library)
+
     def test_torch_package_depends_on_debian_torch(self):
         depends = field(self.debs["opguard-torch"], "Depends")
         self.assertIn("libtorch", depends)
