@@ -145,39 +145,14 @@ std::string NonLoopbackAddress() {
   return found;
 }
 
-// One HTTP/1.1 GET from `from` (a local address) to `to` (HOST:PORT), with
-// extra header lines; returns the whole response (status line, headers, body).
-std::string RawGet(const std::string& from, const std::string& to, const std::string& target,
-                   const std::string& headers = "") {
-  const auto colon = to.rfind(':');
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  timeval tv{10, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  sockaddr_in local{};
-  local.sin_family = AF_INET;
-  ::inet_pton(AF_INET, from.c_str(), &local.sin_addr);
-  sockaddr_in remote{};
-  remote.sin_family = AF_INET;
-  remote.sin_port = htons(static_cast<uint16_t>(std::stoi(to.substr(colon + 1))));
-  ::inet_pton(AF_INET, to.substr(0, colon).c_str(), &remote.sin_addr);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&local), sizeof local) != 0 ||
-      ::connect(fd, reinterpret_cast<sockaddr*>(&remote), sizeof remote) != 0) {
-    ::close(fd);
-    return "connect failed";
-  }
-  const std::string request =
-      "GET " + target + " HTTP/1.1\r\nHost: " + to + "\r\n" + headers + "Connection: close\r\n\r\n";
-  (void)!::write(fd, request.data(), request.size());
-  std::string response;
-  char buf[65536];
-  ssize_t n;
-  while ((n = ::read(fd, buf, sizeof buf)) > 0) response.append(buf, static_cast<size_t>(n));
-  ::close(fd);
-  return response;
-}
-
-int HttpStatus(const std::string& response) {
-  return response.rfind("HTTP/1.1 ", 0) == 0 ? std::stoi(response.substr(9, 3)) : -1;
+// The status of a GET from local address `from` to `to` (HOST:PORT), with
+// extra header lines; *headers gets the response's headers.
+int HttpStatus(const std::string& from, const std::string& to, const std::string& target,
+               const std::string& headers = "", std::string* response_headers = nullptr) {
+  auto r = testing::HttpGet(to, target, 10s, headers, from);
+  if (!r.ok()) return -1;
+  if (response_headers) *response_headers = r->headers;
+  return r->status;
 }
 
 class AccessTest : public ::testing::Test {
@@ -468,16 +443,16 @@ TEST_F(AccessTest, HttpOffLoopbackNeedsTheToken) {
   ASSERT_TRUE(d->Running());
   const std::string port = d->http().substr(d->http().rfind(':') + 1);
   const std::string remote = address + ":" + port;
-  EXPECT_EQ(HttpStatus(RawGet("127.0.0.1", "127.0.0.1:" + port, "/api/runs")), 200);
-  EXPECT_EQ(HttpStatus(RawGet("127.0.0.1", "127.0.0.1:" + port, "/")), 200);  // the viewer
-  const std::string refused = RawGet(address, remote, "/api/runs");
-  EXPECT_EQ(HttpStatus(refused), 401) << refused;
-  EXPECT_EQ(HttpStatus(RawGet(address, remote, "/api/runs", "Authorization: Bearer wrong\r\n")), 401);
-  EXPECT_EQ(HttpStatus(RawGet(address, remote, "/api/runs", "Authorization: Bearer " + token + "\r\n")), 200);
-  const std::string with_url = RawGet(address, remote, "/?token=" + token);
-  EXPECT_EQ(HttpStatus(with_url), 200) << with_url;
-  EXPECT_NE(with_url.find("opguard_token=" + token), std::string::npos) << with_url;
-  EXPECT_EQ(HttpStatus(RawGet(address, remote, "/api/status", "Cookie: opguard_token=" + token + "\r\n")), 200);
+  const std::string loopback = "127.0.0.1:" + port;
+  EXPECT_EQ(HttpStatus("127.0.0.1", loopback, "/api/runs"), 200);
+  EXPECT_EQ(HttpStatus("127.0.0.1", loopback, "/"), 200);  // the viewer
+  EXPECT_EQ(HttpStatus(address, remote, "/api/runs"), 401);
+  EXPECT_EQ(HttpStatus(address, remote, "/api/runs", "Authorization: Bearer wrong\r\n"), 401);
+  EXPECT_EQ(HttpStatus(address, remote, "/api/runs", "Authorization: Bearer " + token + "\r\n"), 200);
+  std::string headers;
+  EXPECT_EQ(HttpStatus(address, remote, "/?token=" + token, "", &headers), 200);
+  EXPECT_NE(headers.find("opguard_token=" + token), std::string::npos) << headers;
+  EXPECT_EQ(HttpStatus(address, remote, "/api/status", "Cookie: opguard_token=" + token + "\r\n"), 200);
   EXPECT_EQ(Metric(*d, "opguard_http_unauthorized_total"), 2);
   EXPECT_EQ(d->Stop(), 0);
 }
