@@ -258,6 +258,13 @@ Status CheckExposure(const Config& c) {
                            " without CURVE keys: set curve.key_file and curve.authorized_keys "
                            "(opguard keygen), or listen on 127.0.0.1");
   }
+  // Senders have no credentials on TCP (the shim speaks plain ZeroMQ): a
+  // training job elsewhere reaches the daemon through a mounted ipc socket.
+  if (c.ingest.rfind("tcp://", 0) == 0 && !IsLoopbackEndpoint(c.ingest)) {
+    return InvalidArgument("refusing ingest on " + c.ingest +
+                           ": senders off this machine cannot be authenticated; use ipc:// or "
+                           "tcp://127.0.0.1");
+  }
   if (c.listen.rfind("ipc://", 0) != 0 && c.listen.rfind("tcp://", 0) != 0 && !c.listen.empty()) {
     return InvalidArgument("listen = " + c.listen + ": only tcp:// and ipc:// endpoints are served");
   }

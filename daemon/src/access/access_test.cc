@@ -144,6 +144,8 @@ TEST(Config, NothingOffLoopbackWithoutCredentials) {
   EXPECT_NE(http.status().message().find("without a token"), std::string::npos) << http.status().message();
   EXPECT_TRUE(Parse({"--http", "0.0.0.0:7456", "--http.token-file", "/t"}).ok());
   EXPECT_FALSE(Parse({"--query-socket", "tcp://127.0.0.1:1"}).ok());
+  EXPECT_FALSE(Parse({"--ingest", "tcp://0.0.0.0:7457"}).ok());
+  EXPECT_TRUE(Parse({"--ingest", "tcp://127.0.0.1:7457"}).ok());
   // Local mode: the query socket is the listen endpoint, no group.
   auto local = Parse({});
   ASSERT_TRUE(local.ok());
