@@ -56,7 +56,8 @@ std::function<int()> AddKeygen(CLI::App& cmd, const DaemonArgs&) {
       "A daemon: `opguard keygen /etc/opguard/opguardd`, then curve.key_file =\n"
       "/etc/opguard/opguardd.key (readable by the opguard user only). A user: `opguard keygen`,\n"
       "then the line of ~/.config/opguard/client.pub goes into the daemon's\n"
-      "curve.authorized_keys and the daemon's .pub into ~/.config/opguard/server.pub.");
+      "curve.authorized_keys and the daemon's .pub into ~/.config/opguard/server.pub.\n"
+      "Exit codes: 0 written; 2 an error (the files exist, cannot write, usage).");
   return [args] { return KeygenMain(*args); };
 }
 
