@@ -3,17 +3,31 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
+
+#include "opguard/daemon/client.h"
 
 namespace opguard::cli {
 
 // Set as soon as parsed (trigger_on_parse), so a command's preparse callback
 // sees what the top level got before the command name.
 void AddSharedOptions(CLI::App& app, DaemonArgs& args, bool json) {
-  app.add_option(
-         "--daemon", args.endpoint,
-         "the daemon's query endpoint\n(default $OPGUARD_DAEMON, else tcp://127.0.0.1:7455)")
+  app.add_option("--daemon", args.endpoint,
+                 "the daemon's query endpoint (default $OPGUARD_DAEMON,\n"
+                 "else ipc:///run/opguard/query.sock if present, else\n"
+                 "tcp://127.0.0.1:7455); `rm` needs the ipc:// one")
       ->option_text("ENDPOINT")
+      ->trigger_on_parse();
+  app.add_option("--key", args.curve.key_file,
+                 "your CURVE keypair for tcp:// (opguard keygen; default\n"
+                 "$OPGUARD_KEY, else ~/.config/opguard/client.key)")
+      ->option_text("FILE")
+      ->trigger_on_parse();
+  app.add_option("--server-key", args.curve.server_key,
+                 "the daemon's public key, or its .pub file (default\n"
+                 "$OPGUARD_SERVER_KEY, else ~/.config/opguard/server.pub)")
+      ->option_text("KEY")
       ->trigger_on_parse();
   if (json) app.add_flag("--json", args.json, "print JSON instead of text")->trigger_on_parse();
 }
@@ -31,6 +45,7 @@ void AddDaemonOptions(CLI::App& cmd, DaemonArgs& args, const DaemonArgs& top, bo
   // Runs when the command's own words start, after the top level's.
   cmd.preparse_callback([&args, &top](size_t) {
     args.endpoint = top.endpoint;
+    args.curve = top.curve;
     args.json = top.json;
   });
 }
@@ -43,6 +58,28 @@ std::function<int()> AddDaemonCommand(CLI::App& cmd, const DaemonArgs& top,
   AddDaemonOptions(cmd, *args, top, json);
   if (run_help) cmd.add_option("RUN", args->positional, run_help)->required()->expected(1);
   return [args, main] { return main(*args); };
+}
+
+void SetDefaults(DaemonArgs& args) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  args.endpoint = fs::exists(std::string(daemon::kDefaultQuerySocket).substr(6), ec)
+                      ? daemon::kDefaultQuerySocket
+                      : daemon::kDefaultQueryEndpoint;
+  if (const char* env = std::getenv("OPGUARD_DAEMON"); env && *env) args.endpoint = env;
+  std::string config_dir;
+  if (const char* xdg = std::getenv("XDG_CONFIG_HOME"); xdg && *xdg) {
+    config_dir = std::string(xdg) + "/opguard";
+  } else if (const char* home = std::getenv("HOME"); home && *home) {
+    config_dir = std::string(home) + "/.config/opguard";
+  }
+  auto from = [&](const char* env, const char* file) {
+    if (const char* v = std::getenv(env); v && *v) return std::string(v);
+    const std::string path = config_dir.empty() ? std::string() : config_dir + "/" + file;
+    return !path.empty() && fs::exists(path, ec) ? path : std::string();
+  };
+  args.curve.key_file = from("OPGUARD_KEY", "client.key");
+  args.curve.server_key = from("OPGUARD_SERVER_KEY", "server.pub");
 }
 
 int Fail(std::string_view command, const Status& st) {

@@ -1,7 +1,10 @@
 // The options every command that talks to a daemon takes: --daemon ENDPOINT
-// (default $OPGUARD_DAEMON, else the local query endpoint), --timeout S,
-// --json where the command has a JSON form. --daemon and --json may also come
-// before the command name (`opguard --daemon tcp://node7:7455 runs`).
+// (default $OPGUARD_DAEMON, else the local daemon's unix query socket when it
+// exists, else tcp://127.0.0.1:7455), --key FILE and --server-key KEY for a
+// daemon that requires CURVE on TCP (default $OPGUARD_KEY and
+// $OPGUARD_SERVER_KEY, else ~/.config/opguard/client.key and server.pub when
+// they exist), --timeout S, --json where the command has a JSON form. These
+// may also come before the command name (`opguard --daemon tcp://node7:7455 runs`).
 #pragma once
 
 #include <chrono>
@@ -12,6 +15,7 @@
 #include <vector>
 
 #include "opguard/common/status.h"
+#include "opguard/daemon/curve_keys.h"
 
 namespace CLI {
 class App;
@@ -21,6 +25,7 @@ namespace opguard::cli {
 
 struct DaemonArgs {
   std::string endpoint;
+  daemon::CurveClientConfig curve;  // used on tcp:// endpoints
   double timeout_s = 5;  // callers set their own default before AddDaemonOptions
   bool json = false;
   std::vector<std::string> positional;
@@ -30,9 +35,12 @@ struct DaemonArgs {
   }
 };
 
-// Adds --daemon and, with `json`, --json to `app`, bound to `args`; main.cc
-// adds them to the top level with the default endpoint.
+// Adds --daemon, --key, --server-key and, with `json`, --json to `app`,
+// bound to `args`; main.cc adds them to the top level with the defaults
+// (SetDefaults).
 void AddSharedOptions(CLI::App& app, DaemonArgs& args, bool json);
+// The defaults described above, from the environment and the files present.
+void SetDefaults(DaemonArgs& args);
 
 // Adds the shared options and --timeout to command `cmd`, bound to `args`,
 // which starts from `top` (the options given before the command name).

@@ -45,7 +45,7 @@ std::string FormatBytes(uint64_t b) {
 std::string Str(const flatbuffers::String* s) { return s ? s->str() : std::string(); }
 
 int StatusMain(const DaemonArgs& args) {
-  daemon::DaemonClient client(args.endpoint, args.timeout());
+  daemon::DaemonClient client(args.endpoint, args.timeout(), args.curve);
   auto answer = client.Status();
   if (!answer.ok()) return Fail("status", answer.status());
   const auto* s = answer->envelope()->message_as_StatusAnswer();
@@ -78,7 +78,7 @@ int StatusMain(const DaemonArgs& args) {
 }
 
 int RunsMain(const DaemonArgs& args) {
-  daemon::DaemonClient client(args.endpoint, args.timeout());
+  daemon::DaemonClient client(args.endpoint, args.timeout(), args.curve);
   auto answer = client.ListRuns();
   if (!answer.ok()) return Fail("runs", answer.status());
   const auto* list = answer->envelope()->message_as_ListRunsAnswer();
@@ -117,7 +117,7 @@ int RunsMain(const DaemonArgs& args) {
 }
 
 int RmMain(const DaemonArgs& args) {
-  daemon::DaemonClient client(args.endpoint, args.timeout());
+  daemon::DaemonClient client(args.endpoint, args.timeout(), args.curve);
   Status st = [&] {
     Progress progress("opguard rm");  // a delete waits for a durable write
     progress.Set("deleting '" + args.positional[0] + "' on " + args.endpoint);

@@ -60,7 +60,7 @@ Result<daemon::Answer> Ask(const char* command, const Args& args,
                            const flatbuffers::FlatBufferBuilder& request) {
   Progress progress(std::string("opguard ") + command);
   progress.Set("aligning on " + args.endpoint);
-  daemon::DaemonClient client(args.endpoint, args.timeout());
+  daemon::DaemonClient client(args.endpoint, args.timeout(), args.curve);
   return client.Call(request);
 }
 

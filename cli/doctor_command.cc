@@ -179,7 +179,7 @@ struct Doctor {
   // 3: the daemon's status; keeps its ingest endpoint for check 4's hint.
   int Daemon(std::string& ingest) {
     check = 3;
-    daemon::DaemonClient client(daemon.endpoint, daemon.timeout());
+    daemon::DaemonClient client(daemon.endpoint, daemon.timeout(), daemon.curve);
     auto answer = client.Status();
     const auto* s = answer.ok() ? answer->envelope()->message_as_StatusAnswer() : nullptr;
     if (s == nullptr)
@@ -216,7 +216,7 @@ struct Doctor {
       if (why.empty()) why = LastLine(r.output);
       return Fail("a tiny program under OPGUARD=1 did not record (" + why + ")");
     }
-    daemon::DaemonClient client(daemon.endpoint, daemon.timeout());
+    daemon::DaemonClient client(daemon.endpoint, daemon.timeout(), daemon.curve);
     // The shim flushes at exit, so the run is complete once the program has
     // ended; a second look covers an acknowledgement still in the daemon's
     // write path.

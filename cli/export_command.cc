@@ -195,7 +195,7 @@ int ExportMain(const Args& args) {
     progress.Stop();
     return Fail("export", st);
   };
-  daemon::DaemonClient client(args.endpoint, args.timeout());
+  daemon::DaemonClient client(args.endpoint, args.timeout(), args.curve);
   progress.Set("listing runs on " + args.endpoint);
   auto runs = client.ListRuns();
   if (!runs.ok()) return fail(runs.status());

@@ -37,8 +37,7 @@ int main(int argc, char** argv) {
   app.footer("Exit codes: 0 success; 2 an error (usage, the daemon unreachable, an error answer).");
   app.get_formatter()->column_width(34);
   DaemonArgs top;  // --daemon and --json given before the command name
-  top.endpoint = opguard::daemon::kDefaultQueryEndpoint;
-  if (const char* env = std::getenv("OPGUARD_DAEMON"); env && *env) top.endpoint = env;
+  SetDefaults(top);
   AddSharedOptions(app, top, /*json=*/true);
   std::vector<std::pair<CLI::App*, std::function<int()>>> runs;
   for (const auto& command : Commands()) {

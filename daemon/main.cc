@@ -1,5 +1,6 @@
 // opguardd: the OpGuard node daemon. See `opguardd --help` and docs/daemon.md.
 #include <malloc.h>
+#include <sys/stat.h>
 
 #include <cstdio>
 
@@ -17,6 +18,9 @@ int main(int argc, char** argv) {
   // half the daemon's page faults at full ingest. Set before any thread starts.
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 64 << 20);
+  // Everything the daemon writes (the store, its logs) is its own; sockets
+  // get their modes explicitly (socket_group, *.socket_mode).
+  ::umask(077);
   opguard::LogThroughSpdlog("opguardd");
   bool help = false;
   auto config = opguard::daemon::ParseCommandLine(argc, argv, &help);

@@ -7,6 +7,8 @@
 #include <fstream>
 #include <memory>
 
+#include "access/access.h"
+
 namespace opguard::daemon {
 namespace {
 
@@ -46,6 +48,19 @@ std::string Trim(std::string s) {
   s.erase(0, s.find_first_not_of(" \t"));
   s.erase(s.find_last_not_of(" \t") + 1);
   return s;
+}
+
+// A file mode, always octal like chmod's ("0660").
+CLI::Validator OctalMode() {
+  return CLI::Validator(
+      [](std::string& s) {
+        const bool octal =
+            !s.empty() && s.size() <= 4 && s.find_first_not_of("01234567") == std::string::npos;
+        if (!octal || std::stoul(s, nullptr, 8) > 0777) return "'" + s + "' is not an octal mode";
+        s = std::to_string(std::stoul(s, nullptr, 8));
+        return std::string();
+      },
+      "");
 }
 
 // CLI11 2.1 has no validator for this.
@@ -100,7 +115,8 @@ std::unique_ptr<CLI::App> MakeApp(Config* c, Flags* flags) {
       ->configurable(false);
   add(kGeneral, "--local", flags->local_dir, "DIR",
       "unprivileged local mode: data in DIR/data, ingest socket\n"
-      "ipc://DIR/ingest.sock, queries ipc://DIR/query.sock;\n"
+      "ipc://DIR/ingest.sock, queries ipc://DIR/query.sock\n"
+      "(no TCP), sockets 0660 with the user's group;\n"
       "the default config file is not read")
       ->configurable(false);
   add(kGeneral, "--data-dir", c->data_dir, "DIR", "RocksDB directory (default /var/lib/opguard)")
@@ -108,13 +124,23 @@ std::unique_ptr<CLI::App> MakeApp(Config* c, Flags* flags) {
   add(kGeneral, "--ingest", c->ingest, "ENDPOINT",
       "ZeroMQ endpoint the shims send to\n(default ipc:///run/opguard/ingest.sock)")
       ->check(NotEmpty);
+  const auto off = [](std::string s) { return s == "off" || s == "none" ? std::string() : s; };
   add(kGeneral, "--listen", c->listen, "ENDPOINT",
-      "ZeroMQ query endpoint for the CLI and peer daemons\n(default tcp://127.0.0.1:7455)")
-      ->check(NotEmpty);
+      "ZeroMQ query endpoint for the CLI and peer daemons\n"
+      "(default tcp://127.0.0.1:7455; \"off\"); off loopback\n"
+      "it needs curve.key_file and curve.authorized_keys")
+      ->transform(off);
+  add(kGeneral, "--query-socket", c->query_socket, "ENDPOINT",
+      "unix query socket, the one that takes admin requests\n"
+      "(opguard rm) (default ipc:///run/opguard/query.sock)")
+      ->transform(off)
+      ->check([](const std::string& s) {
+        return s.empty() || s.rfind("ipc://", 0) == 0 ? std::string() : "'" + s + "' is not ipc://PATH";
+      });
   add(kGeneral, "--http", c->http, "HOST:PORT",
       "HTTP JSON API and /metrics (default 127.0.0.1:7456;\n"
       "port 0 picks a free port, \"off\" disables HTTP)")
-      ->transform([](std::string s) { return s == "off" || s == "none" ? std::string() : s; })
+      ->transform(off)
       ->check([](const std::string& s) {
         return s.empty() || s.rfind(':') != std::string::npos ? std::string()
                                                               : "'" + s + "' is not HOST:PORT";
@@ -123,6 +149,10 @@ std::unique_ptr<CLI::App> MakeApp(Config* c, Flags* flags) {
       "HTTP connections served at once (default 64; at most\n"
       "a quarter of the file descriptor limit)")
       ->check(CLI::Range(1u, 1000000u));
+  add(kGeneral, "--http.token-file", c->http_token_file, "FILE",
+      "token HTTP clients off loopback must present\n"
+      "(Bearer, cookie or ?token=); needed to serve HTTP\n"
+      "off loopback");
   add(kGeneral, "--web-root", c->web_root, "DIR",
       "the web viewer's files (default: ../share/opguard/web\n"
       "next to opguardd, or the source tree's web/)");
@@ -143,18 +173,9 @@ std::unique_ptr<CLI::App> MakeApp(Config* c, Flags* flags) {
   add_size("ingest", "--ingest.max-group-bytes", c->max_group_bytes,
            "bytes written by one group commit (default 64MiB)", 4096);
   add("ingest", "--ingest.socket-mode", c->ingest_socket_mode, "OCTAL",
-      "permissions of an ipc:// ingest socket (default 0666:\n"
-      "any local user's training job may send records)")
-      ->transform(CLI::Validator(
-          [](std::string& s) {  // always octal, like chmod
-            const bool octal =
-                !s.empty() && s.size() <= 4 && s.find_first_not_of("01234567") == std::string::npos;
-            if (!octal || std::stoul(s, nullptr, 8) > 0777)
-              return "'" + s + "' is not an octal mode";
-            s = std::to_string(std::stoul(s, nullptr, 8));
-            return std::string();
-          },
-          ""));
+      "permissions of an ipc:// ingest socket (default 0660:\n"
+      "the training jobs of socket_group's members)")
+      ->transform(OctalMode());
   add("ingest", "--ingest.hwm", c->ingest_hwm, "N",
       "messages ZeroMQ queues per sender before backpressure\n(default 4)")
       ->check(CLI::Range(1, 1000000));
@@ -177,6 +198,22 @@ std::unique_ptr<CLI::App> MakeApp(Config* c, Flags* flags) {
            "longest text of a batch (default 64KiB)", 256);
   add_size("limits", "--ingest.max-run-metadata-bytes", c->max_run_metadata_bytes,
            "a run's job id, framework and settings together\n(default 64KiB)", 1024);
+
+  const char* kAccess = "access (docs/operations.md)";
+  add(kAccess, "--socket-group", c->socket_group, "GROUP",
+      "group of the runtime dir and the unix sockets\n"
+      "(default opguard; \"\": the daemon's own group)");
+  add(kAccess, "--query.socket-mode", c->query_socket_mode, "OCTAL",
+      "permissions of an ipc:// query socket (default 0660)")
+      ->transform(OctalMode());
+  add(kAccess, "--admin-group", c->admin_group, "GROUP",
+      "members may remove any run (default opguard-admin;\n"
+      "root and the daemon's user always may)");
+  add(kAccess, "--curve.key-file", c->curve_key_file, "FILE",
+      "this daemon's CURVE keypair (opguard keygen): TCP\n"
+      "queries and peer traffic are encrypted and\nauthenticated");
+  add(kAccess, "--curve.authorized-keys", c->curve_authorized_keys, "FILE",
+      "client public keys allowed on TCP, one per line");
 
   add_size("storage", "--storage.write-buffer-bytes", c->write_buffer_bytes,
            "memtable size for ops (default 64MiB)", 1 << 20);
@@ -213,6 +250,31 @@ std::unique_ptr<CLI::App> MakeApp(Config* c, Flags* flags) {
   return app;
 }
 
+// Nothing an outsider reaches off loopback answers without credentials.
+Status CheckExposure(const Config& c) {
+  if (c.listen.rfind("tcp://", 0) == 0 && !IsLoopbackEndpoint(c.listen) &&
+      (c.curve_key_file.empty() || c.curve_authorized_keys.empty())) {
+    return InvalidArgument("refusing to listen on " + c.listen +
+                           " without CURVE keys: set curve.key_file and curve.authorized_keys "
+                           "(opguard keygen), or listen on 127.0.0.1");
+  }
+  // Senders have no credentials on TCP (the shim speaks plain ZeroMQ): a
+  // training job elsewhere reaches the daemon through a mounted ipc socket.
+  if (c.ingest.rfind("tcp://", 0) == 0 && !IsLoopbackEndpoint(c.ingest)) {
+    return InvalidArgument("refusing ingest on " + c.ingest +
+                           ": senders off this machine cannot be authenticated; use ipc:// or "
+                           "tcp://127.0.0.1");
+  }
+  if (c.listen.rfind("ipc://", 0) != 0 && c.listen.rfind("tcp://", 0) != 0 && !c.listen.empty()) {
+    return InvalidArgument("listen = " + c.listen + ": only tcp:// and ipc:// endpoints are served");
+  }
+  if (!c.http.empty() && !IsLoopbackEndpoint(c.http) && c.http_token_file.empty()) {
+    return InvalidArgument("refusing to serve HTTP on " + c.http +
+                           " without a token: set http.token_file, or bind 127.0.0.1");
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 std::string HelpText() {
@@ -244,6 +306,8 @@ Result<Config> ParseCommandLine(int argc, const char* const* argv, bool* help) {
     config.data_dir = local + "/data";
     config.ingest = "ipc://" + local + "/ingest.sock";
     config.listen = "ipc://" + local + "/query.sock";
+    config.query_socket = config.listen;
+    config.socket_group.clear();  // one user's daemon
   }
   struct stat st {};
   if (flags.config_path.empty() && local.empty() && ::stat(kDefaultConfigPath, &st) == 0) {
@@ -260,6 +324,7 @@ Result<Config> ParseCommandLine(int argc, const char* const* argv, bool* help) {
     config.config_path = flags.config_path;
   }
   app->parse(argc, argv);  // parsed without error above
+  OPGUARD_RETURN_IF_ERROR(CheckExposure(config));
   return config;
 }
 

@@ -14,16 +14,20 @@
 #include <condition_variable>
 #include <csignal>
 #include <deque>
+#include <fstream>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #ifdef OPGUARD_HAVE_SYSTEMD
 #include <systemd/sd-daemon.h>
 #endif
 
+#include "access/zap_authenticator.h"
 #include "ingest/ingest.h"
 #include "metrics.h"
 #include "opguard/common/log.h"
+#include "query/http_auth.h"
 #include "query/http_server.h"
 #include "query/web_files.h"
 #include "query/query.h"
@@ -66,6 +70,44 @@ uint64_t RaiseFileLimit() {
   return lim.rlim_cur == RLIM_INFINITY ? UINT64_MAX : lim.rlim_cur;
 }
 
+// With curve.key_file: the daemon's keypair, and the ZAP handler started
+// for the TCP query endpoint (its own key and curve.authorized_keys).
+Result<std::optional<CurveKeyPair>> LoadCurve(const Config& c, zmq::context_t* context, Metrics* metrics,
+                                              std::unique_ptr<ZapAuthenticator>* zap) {
+  if (c.curve_key_file.empty()) {
+    if (!c.curve_authorized_keys.empty()) {
+      return InvalidArgument("curve.authorized_keys is set but curve.key_file is not: the daemon needs its "
+                             "own keypair (opguard keygen) to serve CURVE");
+    }
+    return std::optional<CurveKeyPair>();
+  }
+  auto keys = ReadKeyPair(c.curve_key_file);
+  if (!keys.ok()) return Status(keys.status().code(), "curve.key_file: " + keys.status().message());
+  std::vector<std::string> allowed = {keys->public_key};  // peer daemons share the keypair
+  if (!c.curve_authorized_keys.empty()) {
+    auto listed = ReadAuthorizedKeys(c.curve_authorized_keys);
+    if (!listed.ok()) return Status(listed.status().code(), "curve.authorized_keys: " + listed.status().message());
+    allowed.insert(allowed.end(), listed->begin(), listed->end());
+  }
+  *zap = std::make_unique<ZapAuthenticator>(context, allowed, metrics);
+  OPGUARD_RETURN_IF_ERROR((*zap)->Start());
+  OPGUARD_LOG(LogLevel::kInfo, "CURVE on TCP queries: " + std::to_string(allowed.size()) + " keys admitted");
+  return std::optional<CurveKeyPair>(*keys);
+}
+
+// The HTTP token: the file's first line, at least 16 characters.
+Result<std::string> ReadToken(const std::string& path) {
+  std::ifstream in(path);
+  std::string token;
+  if (!in || !std::getline(in, token)) return NotFound("cannot read http.token_file " + path);
+  while (!token.empty() && (token.back() == '\r' || token.back() == ' ')) token.pop_back();
+  if (token.size() < 16 || !IsValidToken(token)) {
+    return InvalidArgument("http.token_file " + path +
+                           ": a token is 16 or more of A-Z a-z 0-9 - _ . ~ (openssl rand -hex 32)");
+  }
+  return token;
+}
+
 }  // namespace
 
 struct Daemon::Impl {
@@ -78,6 +120,7 @@ struct Daemon::Impl {
   RunRegistry registry;
   std::unique_ptr<Ingest> ingest;
   std::unique_ptr<QueryService> service;
+  std::unique_ptr<ZapAuthenticator> zap;  // with curve.key_file: admits CURVE clients
   std::unique_ptr<QueryServer> query_server;
   asio::io_context io{1};
   std::unique_ptr<HttpServer> http;
@@ -172,7 +215,23 @@ int Daemon::Run() {
     d.maint_cv.notify_one();
   });
   d.service = std::make_unique<QueryService>(c, d.store.get(), &d.registry, d.ingest.get(), &d.metrics);
-  d.query_server = std::make_unique<QueryServer>(c, d.service.get(), &d.metrics, &d.context);
+  auto curve = LoadCurve(c, &d.context, &d.metrics, &d.zap);
+  if (!curve.ok()) {
+    OPGUARD_LOG(LogLevel::kError, curve.status().message());
+    (void)d.store->Close();
+    return 1;
+  }
+  d.query_server = std::make_unique<QueryServer>(c, d.service.get(), &d.metrics, &d.context, *curve);
+  std::string http_token;
+  if (!c.http.empty() && !c.http_token_file.empty()) {
+    auto token = ReadToken(c.http_token_file);
+    if (!token.ok()) {
+      OPGUARD_LOG(LogLevel::kError, token.status().message());
+      (void)d.store->Close();
+      return 1;
+    }
+    http_token = *token;
+  }
   // Peers ask for the JSON API of ranks stored here; they get this node's
   // answer only (no viewer files, no forwarding again).
   d.service->SetApiRouter([&d](const std::string& target) -> std::pair<int, std::string> {
@@ -227,6 +286,7 @@ int Daemon::Run() {
                                        std::to_string(file_limit) + ")");
     }
     d.http->SetMaxConnections(http_cap);
+    d.http->SetToken(http_token);
     st = d.http->Start(c.http);
     if (!st.ok()) return fail(st);
     d.service->SetHttpAddress(d.http->address());
@@ -234,7 +294,9 @@ int Daemon::Run() {
   d.maintenance = std::thread([&d] { d.MaintenanceLoop(); });
 
   OPGUARD_LOG(LogLevel::kInfo, std::string("opguardd ") + OPGUARD_VERSION + " ready: data " + c.data_dir +
-                                   ", ingest " + c.ingest + ", queries " + c.listen + ", http " +
+                                   ", ingest " + c.ingest + ", queries " + c.query_socket +
+                                   (c.listen.empty() || c.listen == c.query_socket ? "" : " and " + c.listen) +
+                                   (d.zap ? " (CURVE)" : "") + ", http " +
                                    (d.http ? d.http->address() : std::string("off")) + ", " +
                                    std::to_string(d.registry.Count()) + " runs stored");
   Notify("READY=1\nSTATUS=serving " + std::to_string(d.registry.Count()) + " runs");
@@ -273,6 +335,7 @@ int Daemon::Run() {
   // socket and the store they use.
   d.service->StopAligner();
   d.query_server->Stop();
+  if (d.zap) d.zap->Stop();
   d.ingest->Stop();  // commits and acks what was received
   st = d.store->Close();
   if (!st.ok()) {

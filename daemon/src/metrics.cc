@@ -17,6 +17,7 @@ const char* RejectReasonName(RejectReason reason) {
     case RejectReason::kInvalidBatch: return "invalid_batch";
     case RejectReason::kLimit:
       return "limit";
+    case RejectReason::kOwner: return "owner";
     case RejectReason::kCount: break;
   }
   return "unknown";
@@ -120,6 +121,16 @@ std::string Metrics::Prometheus(const Store& store, uint64_t runs, double uptime
   Line(&o, "opguard_http_accept_backoffs_total", "", L(http_accept_backoffs));
   Head(&o, "opguard_runs_deleted_total", "counter", "Runs removed (opguard rm and retention).");
   Line(&o, "opguard_runs_deleted_total", "", L(runs_deleted));
+  Head(&o, "opguard_queries_denied_total", "counter",
+       "Admin requests refused: sent over TCP, or by a uid that neither owns the run nor administers "
+       "the daemon.");
+  Line(&o, "opguard_queries_denied_total", "", L(queries_denied));
+  Head(&o, "opguard_curve_denied_total", "counter",
+       "CURVE handshakes refused: the client's public key is not in curve.authorized_keys.");
+  Line(&o, "opguard_curve_denied_total", "", L(curve_denied));
+  Head(&o, "opguard_http_unauthorized_total", "counter",
+       "HTTP requests from off loopback answered 401: no token, or a wrong one.");
+  Line(&o, "opguard_http_unauthorized_total", "", L(http_unauthorized));
 
   Head(&o, "opguard_dedup_gaps_given_up_total", "counter",
        "Missing batch seqs given up to keep a session's dedup window bounded (later arrivals count "

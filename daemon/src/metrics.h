@@ -22,6 +22,7 @@ enum class RejectReason : int {
   kWrongMessage,    // a valid envelope that is not a Batch
   kInvalidBatch,    // a Batch that breaks the contract (empty run name, ...)
   kLimit,           // beyond a configured limit (world size, runs, ranks, string bytes, ...)
+  kOwner,           // into a run another uid created
   kCount
 };
 inline constexpr int kRejectReasonCount = static_cast<int>(RejectReason::kCount);
@@ -47,6 +48,9 @@ struct Metrics {
   std::atomic<uint64_t> http_connections{0};      // gauge: open HTTP connections
   std::atomic<uint64_t> http_accept_backoffs{0};  // accepting paused: at the cap or out of descriptors
   std::atomic<uint64_t> runs_deleted{0};
+  std::atomic<uint64_t> queries_denied{0};      // admin requests refused (transport or uid)
+  std::atomic<uint64_t> curve_denied{0};        // CURVE clients not in curve.authorized_keys
+  std::atomic<uint64_t> http_unauthorized{0};   // HTTP requests off loopback without the token
   std::atomic<uint64_t> dedup_gaps_given_up{0};  // missing seqs given up (SessionState::kMaxRanges)
   std::atomic<uint64_t> inflight_bytes{0};       // gauge: received, not yet acknowledged
   std::atomic<uint64_t> ingest_paused_micros{0};  // receiver not reading: budget exhausted

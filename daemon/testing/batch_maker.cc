@@ -447,7 +447,8 @@ double ProcessCpuSeconds(pid_t pid) {
 // ---- HTTP / commands -----------------------------------------------------------------
 
 Result<HttpResult> HttpGet(const std::string& host_port, const std::string& target,
-                           std::chrono::milliseconds timeout) {
+                           std::chrono::milliseconds timeout, const std::string& extra_headers,
+                           const std::string& from) {
   auto colon = host_port.rfind(':');
   if (colon == std::string::npos) return InvalidArgument("bad address " + host_port);
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -459,11 +460,19 @@ Result<HttpResult> HttpGet(const std::string& host_port, const std::string& targ
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(std::stoi(host_port.substr(colon + 1))));
   ::inet_pton(AF_INET, host_port.substr(0, colon).c_str(), &addr.sin_addr);
+  sockaddr_in local{};
+  local.sin_family = AF_INET;
+  if (!from.empty() && (::inet_pton(AF_INET, from.c_str(), &local.sin_addr) != 1 ||
+                        ::bind(fd, reinterpret_cast<sockaddr*>(&local), sizeof local) != 0)) {
+    ::close(fd);
+    return Unavailable("cannot connect from " + from);
+  }
   if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
     ::close(fd);
     return Unavailable("cannot connect to " + host_port);
   }
-  std::string request = "GET " + target + " HTTP/1.1\r\nHost: " + host_port + "\r\nConnection: close\r\n\r\n";
+  std::string request = "GET " + target + " HTTP/1.1\r\nHost: " + host_port + "\r\n" + extra_headers +
+                        "Connection: close\r\n\r\n";
   (void)!::write(fd, request.data(), request.size());
   std::string response;
   char buf[65536];
@@ -474,6 +483,7 @@ Result<HttpResult> HttpGet(const std::string& host_port, const std::string& targ
   if (response.size() < 12 || header_end == std::string::npos) return DataLoss("short HTTP response");
   HttpResult result;
   result.status = std::stoi(response.substr(9, 3));
+  result.headers = response.substr(0, header_end);
   result.body = response.substr(header_end + 4);
   return result;
 }

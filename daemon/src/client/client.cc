@@ -4,8 +4,9 @@
 
 namespace opguard::daemon {
 
-DaemonClient::DaemonClient(std::string endpoint, std::chrono::milliseconds timeout)
-    : endpoint_(std::move(endpoint)), timeout_(timeout) {}
+DaemonClient::DaemonClient(std::string endpoint, std::chrono::milliseconds timeout,
+                           CurveClientConfig curve)
+    : endpoint_(std::move(endpoint)), timeout_(timeout), curve_(std::move(curve)) {}
 
 DaemonClient::~DaemonClient() {
   socket_.reset();
@@ -14,6 +15,21 @@ DaemonClient::~DaemonClient() {
 
 opguard::Status DaemonClient::Connect() {
   if (socket_) return opguard::Status::Ok();
+  CurveKeyPair keys;
+  std::string server_key;
+  const bool curve = !curve_.empty() && endpoint_.rfind("tcp://", 0) == 0;
+  if (curve) {
+    if (curve_.key_file.empty() || curve_.server_key.empty()) {
+      return InvalidArgument("CURVE to " + endpoint_ + " needs both a client key (--key, $OPGUARD_KEY) and "
+                             "the daemon's public key (--server-key, $OPGUARD_SERVER_KEY)");
+    }
+    auto pair = ReadKeyPair(curve_.key_file);
+    if (!pair.ok()) return pair.status();
+    keys = *pair;
+    auto server = ReadPublicKey(curve_.server_key);
+    if (!server.ok()) return server.status();
+    server_key = *server;
+  }
   try {
     context_ = std::make_unique<zmq::context_t>(1);
     socket_ = std::make_unique<zmq::socket_t>(*context_, zmq::socket_type::dealer);
@@ -24,12 +40,25 @@ opguard::Status DaemonClient::Connect() {
     socket_->set(zmq::sockopt::sndtimeo, static_cast<int>(timeout_.count()));
     socket_->set(zmq::sockopt::rcvtimeo, static_cast<int>(timeout_.count()));
     socket_->set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(wire::kMaxMessageBytes));
+    if (curve) {
+      socket_->set(zmq::sockopt::curve_serverkey, server_key);
+      socket_->set(zmq::sockopt::curve_publickey, keys.public_key);
+      socket_->set(zmq::sockopt::curve_secretkey, keys.secret_key);
+    }
     socket_->connect(endpoint_);
   } catch (const zmq::error_t& e) {
     socket_.reset();
     return Unavailable("cannot connect to daemon at " + endpoint_ + ": " + e.what());
   }
   return opguard::Status::Ok();
+}
+
+// A CURVE handshake that fails looks like silence to the client (ZeroMQ
+// retries quietly): say what to check.
+std::string DaemonClient::CurveHint() const {
+  if (endpoint_.rfind("tcp://", 0) != 0) return "";
+  return curve_.empty() ? " · a daemon with CURVE keys answers only clients with --key and --server-key"
+                        : " · is this key in the daemon's curve.authorized_keys, and --server-key its key?";
 }
 
 Result<Answer> DaemonClient::Call(const flatbuffers::FlatBufferBuilder& request) {
@@ -41,12 +70,12 @@ Result<Answer> DaemonClient::Call(const flatbuffers::FlatBufferBuilder& request)
     if (!sent) {
       socket_.reset();  // drop anything queued so a retry starts clean
       return Unavailable("daemon not reachable at " + endpoint_ + " (no connection within " + seconds +
-                         "s; is opguardd running?)");
+                         "s; is opguardd running?)" + CurveHint());
     }
     zmq::message_t reply;
     if (!socket_->recv(reply, zmq::recv_flags::none)) {
       socket_.reset();
-      return Unavailable("daemon at " + endpoint_ + " did not answer within " + seconds + "s");
+      return Unavailable("daemon at " + endpoint_ + " did not answer within " + seconds + "s" + CurveHint());
     }
     auto opened = wire::OpenEnvelope(reply.data(), reply.size());
     if (!opened.ok()) return DataLoss("bad answer from " + endpoint_ + ": " + opened.status().message());

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <typeinfo>
 
+#include "access/access.h"
 #include "opguard/common/log.h"
 #include "opguard/common/saturating.h"
 #include "opguard/common/utf8.h"
@@ -157,7 +158,18 @@ std::vector<std::pair<std::string, std::string>> Pairs(
   return out;
 }
 
+std::string OwnerName(int64_t uid) {
+  return uid == kUnknownOwner ? std::string("an unknown sender") : "uid " + std::to_string(uid);
+}
+
 }  // namespace
+
+// The uid that sent `message` (ipc:// ingest), else kUnknownOwner.
+int64_t Ingest::SenderUid(const zmq::message_t& message) const {
+  if (!unix_ingest_) return kUnknownOwner;
+  const auto uid = UnixPeerUid(message);
+  return uid ? static_cast<int64_t>(*uid) : kUnknownOwner;
+}
 
 struct Ingest::PendingAck {
   std::vector<zmq::message_t> route;  // routing frames to reply through
@@ -203,7 +215,8 @@ Ingest::Ingest(const Config& config, Store* store, RunRegistry* registry, Metric
       registry_(registry),
       metrics_(metrics),
       context_(context),
-      writer_(ChunkCodecByName(config.compression)) {}
+      writer_(ChunkCodecByName(config.compression)),
+      unix_ingest_(IsUnixEndpoint(config.ingest)) {}
 
 Ingest::~Ingest() {
   Stop();
@@ -231,11 +244,9 @@ Status Ingest::Start() {
 
   const std::string& endpoint = config_.ingest;
   std::string ipc_path;
-  if (endpoint.rfind("ipc://", 0) == 0) {
+  if (IsUnixEndpoint(endpoint)) {
     ipc_path = endpoint.substr(6);
-    std::error_code ec;
-    auto parent = std::filesystem::path(ipc_path).parent_path();
-    if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+    MakeRuntimeDir(ipc_path, config_.socket_group);
   }
   try {
     socket_ = std::make_unique<zmq::socket_t>(*context_, zmq::socket_type::router);
@@ -250,8 +261,8 @@ Status Ingest::Start() {
   } catch (const zmq::error_t& e) {
     return Unavailable("cannot bind ingest endpoint " + endpoint + ": " + e.what());
   }
-  if (!ipc_path.empty() && ::chmod(ipc_path.c_str(), config_.ingest_socket_mode) != 0) {
-    OPGUARD_LOG(LogLevel::kWarn, "cannot chmod ingest socket " + ipc_path);
+  if (!ipc_path.empty()) {
+    ApplySocketAccess(ipc_path, config_.socket_group, config_.ingest_socket_mode, "ingest socket");
   }
   open_ = std::make_unique<Group>(store_);
   receiver_beat_ns_ = SteadyNs();
@@ -405,11 +416,18 @@ void Ingest::HandleMessage(std::vector<zmq::message_t>& frames) {
     return Reject(ack, RejectReason::kInvalidBatch,
                   "invalid run name (1..200 printable bytes without '/', '?', '#', '%', '\\' or spaces)");
   }
+  // A run is written only by the uid that created it (access/access.h).
+  const int64_t sender = SenderUid(payload);
+  if (auto run = working_.find(ack.run); run != working_.end() && run->second.owner_uid != sender) {
+    return Reject(ack, RejectReason::kOwner,
+                  "run '" + ack.run + "' belongs to " + OwnerName(run->second.owner_uid) +
+                      ", not to this sender (" + OwnerName(sender) + "); choose another run name");
+  }
   if (std::string error = CheckCapacity(*batch); !error.empty()) {
     return Reject(ack, RejectReason::kLimit, error);
   }
   try {
-    ApplyBatch(static_cast<const uint8_t*>(data), *batch, size, ack);
+    ApplyBatch(static_cast<const uint8_t*>(data), *batch, size, sender, ack);
   } catch (const std::exception& e) {
     // A bug, not bad input (that is refused above). The batch may be half
     // applied in memory; it is refused, so its sender logs it and moves on
@@ -464,9 +482,9 @@ void Ingest::SendAck(PendingAck& ack, bool durable, const std::string& error) {
 // ---- one batch, step by step (receiver thread) -------------------------------
 
 void Ingest::ApplyBatch(const uint8_t* buffer, const wire::Batch& batch, size_t bytes,
-                        PendingAck& ack) {
+                        int64_t sender, PendingAck& ack) {
   const uint64_t now = WallNs();
-  RunState& run = WorkingRun(ack.run, now);
+  RunState& run = WorkingRun(ack.run, now, sender);
   auto [rank_entry, new_rank] = run.ranks.try_emplace(batch.rank());
   if (new_rank) ++working_ranks_;
   RankState& rank = rank_entry->second;
@@ -483,14 +501,15 @@ void Ingest::ApplyBatch(const uint8_t* buffer, const wire::Batch& batch, size_t 
   open_->acks.push_back(std::move(ack));
 }
 
-// The working state of run `name`, created (with a fresh id, persisted in
-// the open group) on its first batch.
-RunState& Ingest::WorkingRun(const std::string& name, uint64_t now) {
+// The working state of run `name`, created (with a fresh id and its owner,
+// persisted in the open group) on its first batch.
+RunState& Ingest::WorkingRun(const std::string& name, uint64_t now, int64_t owner) {
   auto found = working_.find(name);
   if (found != working_.end()) return found->second;
   RunState run;
   run.id = next_run_id_++;
   run.name = name;
+  run.owner_uid = owner;
   run.created_ns = now;
   run.start_ns = now;
   open_->batch.PutNextRunId(next_run_id_);

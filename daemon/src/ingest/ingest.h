@@ -95,8 +95,11 @@ class Ingest final : public RunWriter {
   void NoteException(const std::exception& e);
   void SendAck(PendingAck& ack, bool durable, const std::string& error);
   // The steps of one verified batch. `buffer`: the message that holds it.
-  void ApplyBatch(const uint8_t* buffer, const wire::Batch& batch, size_t bytes, PendingAck& ack);
-  RunState& WorkingRun(const std::string& name, uint64_t now);
+  // `sender`: the sending uid (kUnknownOwner when the transport has none).
+  void ApplyBatch(const uint8_t* buffer, const wire::Batch& batch, size_t bytes, int64_t sender,
+                  PendingAck& ack);
+  int64_t SenderUid(const zmq::message_t& message) const;
+  RunState& WorkingRun(const std::string& name, uint64_t now, int64_t owner);
   std::string CheckCapacity(const wire::Batch& batch) const;
   void AckResend(const RunState& run, const wire::Batch& batch, PendingAck& ack);
   void ApplyAnnounce(const wire::RunAnnounce& a, RunState* run, RankState* rank);
@@ -130,6 +133,7 @@ class Ingest final : public RunWriter {
   uint64_t committing_bytes_ = 0;  // message bytes of the group being written
   int64_t paused_since_ns_ = 0;    // when reading stopped for the budget (0: reading)
   BatchWriter writer_;
+  const bool unix_ingest_;  // ipc:// endpoint: senders are known by uid
 
   // Receiver <-> committer handoff.
   std::mutex handoff_mu_;

@@ -95,12 +95,18 @@ std::vector<PeerCall> AskPeers(const Config& config, const FlatBufferBuilder& re
   std::vector<PeerCall> calls;
   auto bytes = std::make_shared<std::string>(Bytes(request));
   for (const std::string& peer : config.peers) {
-    if (peer == config.listen) continue;  // a shared peer list may name this daemon too
+    // A shared peer list may name this daemon too.
+    if (peer == config.listen || peer == config.query_socket) continue;
     PeerCall c;
     c.endpoint = peer;
     c.started = Clock::now();
-    c.answer = std::async(std::launch::async, [peer, timeout, bytes]() -> Result<Answer> {
-      DaemonClient client(peer, timeout);
+    // Peers of a cluster share the daemon keypair (docs/operations.md): this
+    // daemon's key is both the client key and the peer's server key, so a
+    // peer's answer comes through CURVE from a holder of that key.
+    CurveClientConfig curve;
+    if (!config.curve_key_file.empty()) curve = {config.curve_key_file, config.curve_key_file};
+    c.answer = std::async(std::launch::async, [peer, timeout, bytes, curve]() -> Result<Answer> {
+      DaemonClient client(peer, timeout, curve);
       flatbuffers::FlatBufferBuilder b;
       b.PushFlatBuffer(reinterpret_cast<const uint8_t*>(bytes->data()), bytes->size());
       return client.Call(b);

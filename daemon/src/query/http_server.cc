@@ -17,6 +17,7 @@
 
 #include "metrics.h"
 #include "opguard/common/log.h"
+#include "query/http_auth.h"
 #include "query/query.h"
 #include "query/web_files.h"
 #include "storage/store.h"
@@ -106,9 +107,9 @@ class Session : public std::enable_shared_from_this<Session> {
  public:
   // metrics->http_connections counts live sessions (the server's cap reads it).
   Session(tcp::socket socket, QueryService* service, Metrics* metrics, Store* store,
-          const std::string* web_root)
+          const std::string* web_root, const std::string* token)
       : stream_(std::move(socket)), service_(service), metrics_(metrics), store_(store),
-        web_root_(web_root) {
+        web_root_(web_root), token_(token) {
     metrics_->http_connections.fetch_add(1, std::memory_order_relaxed);
   }
   ~Session() { metrics_->http_connections.fetch_sub(1, std::memory_order_relaxed); }
@@ -129,6 +130,22 @@ class Session : public std::enable_shared_from_this<Session> {
     auto& req = parser_->get();
     metrics_->http_requests.fetch_add(1, std::memory_order_relaxed);
     std::string method(req.method_string()), target(req.target());
+    if (!token_->empty()) {
+      beast::error_code rec;
+      const bool loopback = stream_.socket().remote_endpoint(rec).address().is_loopback() && !rec;
+      auto header = [&req](http::field f) {
+        const auto v = req[f];
+        return std::string_view(v.data(), v.size());
+      };
+      const auto check = CheckHttpToken(*token_, loopback, header(http::field::authorization),
+                                        header(http::field::cookie), target);
+      if (!check.allowed) {
+        metrics_->http_unauthorized.fetch_add(1, std::memory_order_relaxed);
+        return Write(Error(401, "a token is needed off loopback: Authorization: Bearer TOKEN, or open "
+                                "/?token=TOKEN once in the browser"));
+      }
+      set_cookie_ = check.set_cookie;
+    }
     const bool aligner = IsAlignerRoute(target);
     std::optional<HttpResponse> local;
     if (!aligner) {
@@ -173,6 +190,9 @@ class Session : public std::enable_shared_from_this<Session> {
     res->set("X-Content-Type-Options", "nosniff");
     res->set("Content-Security-Policy",
              "default-src 'self'; img-src 'self' data:; object-src 'none'; frame-ancestors 'none'");
+    if (r.status == 401) res->set(http::field::www_authenticate, "Bearer");
+    if (set_cookie_) res->set(http::field::set_cookie, TokenCookie(*token_));
+    set_cookie_ = false;
     res->keep_alive(req.keep_alive());
     res->body() = std::move(r.body);
     res->prepare_payload();
@@ -196,6 +216,8 @@ class Session : public std::enable_shared_from_this<Session> {
   Metrics* metrics_;
   Store* store_;
   const std::string* web_root_;
+  const std::string* token_;  // empty: no token needed
+  bool set_cookie_ = false;    // this request brought the token in its URL
 };
 
 }  // namespace
@@ -480,7 +502,7 @@ void HttpServer::Accept() {
     return BackOff();
   acceptor_->async_accept(asio::make_strand(*io_), [this](beast::error_code ec, tcp::socket socket) {
     if (ec == asio::error::operation_aborted || !acceptor_) return;
-    if (!ec) std::make_shared<Session>(std::move(socket), service_, metrics_, store_, &web_root_)->Start();
+    if (!ec) std::make_shared<Session>(std::move(socket), service_, metrics_, store_, &web_root_, &token_)->Start();
     using boost::system::errc::errc_t;
     for (errc_t out_of : {errc_t::too_many_files_open, errc_t::too_many_files_open_in_system,
                           errc_t::no_buffer_space, errc_t::not_enough_memory}) {

@@ -71,6 +71,9 @@ class HttpServer {
   void Stop();
   // Connections served at once (http.max_connections); before Start.
   void SetMaxConnections(uint64_t n) { max_connections_ = n; }
+  // The token clients off loopback present (query/http_auth.h); empty:
+  // none needed. Before Start.
+  void SetToken(std::string token) { token_ = std::move(token); }
 
  private:
   void Accept();
@@ -84,6 +87,7 @@ class HttpServer {
   boost::asio::steady_timer retry_{*io_};
   std::string address_;
   const std::string web_root_;
+  std::string token_;
 };
 
 }  // namespace opguard::daemon

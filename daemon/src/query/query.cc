@@ -77,6 +77,7 @@ QueryService::QueryService(const Config& config, Store* store, const RunRegistry
       registry_(registry),
       writer_(writer),
       metrics_(metrics),
+      admin_(config.admin_group),
       started_(std::chrono::steady_clock::now()),
       cluster_(config, store, registry, Hostname()),
       alignments_(store) {}
@@ -265,11 +266,26 @@ Result<TracePage> QueryService::ReadTrace(const std::string& name, uint32_t rank
   return page;
 }
 
-Status QueryService::DeleteRun(const std::string& name) {
+Status QueryService::DeleteRun(const std::string& name, const Caller& caller) {
+  auto denied = [this](const std::string& why) {
+    metrics_->queries_denied.fetch_add(1, std::memory_order_relaxed);
+    return InvalidArgument("permission denied: " + why);
+  };
+  if (!caller.unix_socket || !caller.uid) {
+    return denied("runs are removed only through the daemon's unix query socket (query_socket, " +
+                  (config_.query_socket.empty() ? std::string("off") : config_.query_socket) + ")");
+  }
+  OPGUARD_ASSIGN_OR_RETURN(RunState run, GetRun(name));
+  if (!admin_.MayChange(*caller.uid, run.owner_uid)) {
+    return denied("run '" + name + "' belongs to " +
+                  (run.owner_uid == kUnknownOwner ? std::string("no known uid")
+                                                  : "uid " + std::to_string(run.owner_uid)) +
+                  "; only its owner, root or the admin group (" + admin_.group() + ") may remove it");
+  }
   return writer_->DeleteRun(name, std::chrono::seconds(30));
 }
 
-std::string QueryService::Answer(const void* data, size_t size) {
+std::string QueryService::Answer(const void* data, size_t size, const Caller& caller) {
   flatbuffers::FlatBufferBuilder b(4096);
   auto error = [&](const std::string& message) {
     metrics_->query_errors.fetch_add(1, std::memory_order_relaxed);
@@ -325,7 +341,7 @@ std::string QueryService::Answer(const void* data, size_t size) {
       }
       case wire::Message::DeleteRunRequest: {
         const auto* q = env->message_as_DeleteRunRequest();
-        Status st = DeleteRun(q->run() ? q->run()->str() : "");
+        Status st = DeleteRun(q->run() ? q->run()->str() : "", caller);
         if (!st.ok()) {
           error(st.message());
         } else {

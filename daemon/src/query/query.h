@@ -26,6 +26,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "access/access.h"
 #include "metrics.h"
 #include "opguard/daemon/config.h"
 #include "query/alignment_view.h"
@@ -44,6 +45,14 @@ struct TracePage {
   int64_t next_lane = -1;  // the rank's next lane with ops, -1: none
 };
 
+// Who sent a query (query_server.cc): admin requests (DeleteRunRequest)
+// are taken only from a unix query socket, from a uid allowed to change the
+// run (access/access.h). HTTP and TCP callers carry no uid.
+struct Caller {
+  bool unix_socket = false;
+  std::optional<uint32_t> uid;  // SO_PEERCRED, through ZeroMQ's Peer-Address
+};
+
 class QueryService {
  public:
   // `writer` carries out deletions and says whether the store failed.
@@ -57,12 +66,14 @@ class QueryService {
   Result<RunState> GetRun(const std::string& name) const;
   Result<TracePage> ReadTrace(const std::string& run, uint32_t rank, uint32_t lane, uint64_t from_op,
                               uint32_t max_ops) const;
-  Status DeleteRun(const std::string& name);
+  // Removes a run for `caller` when it may (access/access.h); refusals are
+  // counted in opguard_queries_denied_total.
+  Status DeleteRun(const std::string& name, const Caller& caller);
 
   // A verified request envelope in, an answer envelope out (ErrorAnswer on
   // any failure, never throws). Aligner requests block for as long as the
   // alignment takes: callers run those through RunAligner.
-  std::string Answer(const void* data, size_t size);
+  std::string Answer(const void* data, size_t size, const Caller& caller = {});
 
   // Whether `data` is an aligner request (diff, ranks, collectives), which
   // must not run on the ZeroMQ or Asio threads; *local_only is set for a
@@ -122,6 +133,7 @@ class QueryService {
   const RunRegistry* registry_;
   RunWriter* writer_;
   Metrics* metrics_;
+  const AdminPolicy admin_;
   const std::chrono::steady_clock::time_point started_;
   mutable std::mutex mu_;
   std::string http_address_;

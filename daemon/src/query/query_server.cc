@@ -2,36 +2,59 @@
 
 #include <pthread.h>
 
-#include <filesystem>
+#include <cstring>
 
+#include "access/access.h"
+#include "access/zap_authenticator.h"
 #include "opguard/common/log.h"
 
 namespace opguard::daemon {
 
 QueryServer::QueryServer(const Config& config, QueryService* service, Metrics* metrics,
-                         zmq::context_t* context)
-    : config_(config), service_(service), metrics_(metrics), context_(context) {}
+                         zmq::context_t* context, std::optional<CurveKeyPair> curve)
+    : config_(config), service_(service), metrics_(metrics), context_(context), curve_(std::move(curve)) {}
 
 QueryServer::~QueryServer() { Stop(); }
 
+Status QueryServer::Bind(const std::string& address) {
+  Endpoint e;
+  e.address = address;
+  e.unix_socket = IsUnixEndpoint(address);
+  if (e.unix_socket) MakeRuntimeDir(address.substr(6), config_.socket_group);
+  try {
+    e.socket = std::make_unique<zmq::socket_t>(*context_, zmq::socket_type::router);
+    e.socket->set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(1 << 20));  // requests are small
+    e.socket->set(zmq::sockopt::router_mandatory, 1);
+    e.socket->set(zmq::sockopt::linger, 0);
+    if (!e.unix_socket && curve_) {
+      // Every client proves a key the ZAP handler admits (zap_authenticator.h).
+      e.socket->set(zmq::sockopt::curve_server, 1);
+      e.socket->set(zmq::sockopt::curve_secretkey, curve_->secret_key);
+      e.socket->set(zmq::sockopt::zap_domain, kZapDomain);
+    }
+    e.socket->bind(address);
+  } catch (const zmq::error_t& err) {
+    return Unavailable("cannot bind query endpoint " + address + ": " + err.what());
+  }
+  if (e.unix_socket) {
+    ApplySocketAccess(address.substr(6), config_.socket_group, config_.query_socket_mode, "query socket");
+  }
+  endpoints_.push_back(std::move(e));
+  return Status::Ok();
+}
+
 Status QueryServer::Start() {
-  if (config_.listen.rfind("ipc://", 0) == 0) {
-    std::error_code ec;
-    auto parent = std::filesystem::path(config_.listen.substr(6)).parent_path();
-    if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+  if (!config_.query_socket.empty()) OPGUARD_RETURN_IF_ERROR(Bind(config_.query_socket));
+  if (!config_.listen.empty() && config_.listen != config_.query_socket) {
+    OPGUARD_RETURN_IF_ERROR(Bind(config_.listen));
   }
   try {
-    socket_ = std::make_unique<zmq::socket_t>(*context_, zmq::socket_type::router);
-    socket_->set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(1 << 20));  // requests are small
-    socket_->set(zmq::sockopt::router_mandatory, 1);
-    socket_->set(zmq::sockopt::linger, 0);
-    socket_->bind(config_.listen);
     results_endpoint_ = "inproc://og-query-results-" + std::to_string(reinterpret_cast<uintptr_t>(this));
     results_ = std::make_unique<zmq::socket_t>(*context_, zmq::socket_type::pull);
     results_->set(zmq::sockopt::linger, 0);
     results_->bind(results_endpoint_);
   } catch (const zmq::error_t& e) {
-    return Unavailable("cannot bind query endpoint " + config_.listen + ": " + e.what());
+    return Unavailable(std::string("cannot bind the aligner results socket: ") + e.what());
   }
   thread_ = std::thread([this] { Loop(); });
   return Status::Ok();
@@ -41,70 +64,88 @@ void QueryServer::Stop() {
   stop_ = true;
   if (thread_.joinable()) thread_.join();
   results_.reset();
-  socket_.reset();
+  endpoints_.clear();
 }
 
-void QueryServer::SendAnswer(std::vector<zmq::message_t>& frames, const std::string& answer) {
+// frames[first_route .. size-1) route the answer back.
+void QueryServer::SendAnswer(zmq::socket_t& socket, std::vector<zmq::message_t>& frames, size_t first_route,
+                             const std::string& answer) {
   try {
-    for (size_t i = 0; i + 1 < frames.size(); ++i) {
-      socket_->send(frames[i], zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+    for (size_t i = first_route; i + 1 < frames.size(); ++i) {
+      socket.send(frames[i], zmq::send_flags::sndmore | zmq::send_flags::dontwait);
     }
-    (void)socket_->send(zmq::buffer(answer), zmq::send_flags::dontwait);
+    (void)socket.send(zmq::buffer(answer), zmq::send_flags::dontwait);
   } catch (const zmq::error_t&) {
     // The client gave up (timeout) and disconnected.
   }
 }
 
+void QueryServer::Serve(size_t index, std::vector<zmq::message_t>& frames) {
+  if (frames.size() < 2) return;  // no routing id: nothing to answer to
+  metrics_->queries.fetch_add(1, std::memory_order_relaxed);
+  Caller caller;
+  caller.unix_socket = endpoints_[index].unix_socket;
+  if (caller.unix_socket) caller.uid = UnixPeerUid(frames.back());
+  bool local_only = false;
+  if (QueryService::IsAlignerRequest(frames.back().data(), frames.back().size(), &local_only)) {
+    // Alignments take seconds: run them on a worker and keep serving
+    // (status, trace pages, peers' requests) meanwhile.
+    auto request = std::make_shared<std::vector<zmq::message_t>>(std::move(frames));
+    frames.clear();  // moved-from: make it empty again
+    service_->RunAligner(local_only, [this, request, index, caller] {
+      std::string answer = service_->Answer(request->back().data(), request->back().size(), caller);
+      try {
+        zmq::socket_t push(*context_, zmq::socket_type::push);
+        push.set(zmq::sockopt::linger, 1000);
+        push.connect(results_endpoint_);
+        push.send(zmq::buffer(&index, sizeof index), zmq::send_flags::sndmore);
+        for (size_t i = 0; i + 1 < request->size(); ++i) {
+          push.send((*request)[i], zmq::send_flags::sndmore);
+        }
+        push.send(zmq::buffer(answer), zmq::send_flags::none);
+      } catch (const zmq::error_t& e) {
+        OPGUARD_LOG(LogLevel::kWarn, std::string("returning an aligner answer: ") + e.what());
+      }
+    });
+    return;
+  }
+  std::string answer = service_->Answer(frames.back().data(), frames.back().size(), caller);
+  SendAnswer(*endpoints_[index].socket, frames, 0, answer);
+}
+
 void QueryServer::Loop() {
   pthread_setname_np(pthread_self(), "og-query");
   std::vector<zmq::message_t> frames;
+  std::vector<zmq::pollitem_t> items;
   while (!stop_) {
-    zmq::pollitem_t items[2] = {{static_cast<void*>(*socket_), 0, ZMQ_POLLIN, 0},
-                                {static_cast<void*>(*results_), 0, ZMQ_POLLIN, 0}};
+    items.clear();
+    for (auto& e : endpoints_) items.push_back({static_cast<void*>(*e.socket), 0, ZMQ_POLLIN, 0});
+    items.push_back({static_cast<void*>(*results_), 0, ZMQ_POLLIN, 0});
     try {
-      zmq::poll(items, 2, std::chrono::milliseconds(100));
-      if (items[1].revents & ZMQ_POLLIN) {
-        // A finished aligner answer: routing frames, then the answer.
+      zmq::poll(items.data(), items.size(), std::chrono::milliseconds(100));
+      if (items.back().revents & ZMQ_POLLIN) {
+        // A finished aligner answer: endpoint index, routing frames, answer.
         frames.clear();
         if (zmq::recv_multipart(*results_, std::back_inserter(frames), zmq::recv_flags::dontwait) &&
-            frames.size() >= 2) {
-          std::string answer(static_cast<const char*>(frames.back().data()), frames.back().size());
-          SendAnswer(frames, answer);
+            frames.size() >= 3 && frames[0].size() == sizeof(size_t)) {
+          size_t index = 0;
+          std::memcpy(&index, frames[0].data(), sizeof index);
+          if (index < endpoints_.size()) {
+            std::string answer(static_cast<const char*>(frames.back().data()), frames.back().size());
+            SendAnswer(*endpoints_[index].socket, frames, 1, answer);
+          }
         }
       }
-      if (!(items[0].revents & ZMQ_POLLIN)) continue;
-      frames.clear();
-      if (!zmq::recv_multipart(*socket_, std::back_inserter(frames), zmq::recv_flags::dontwait)) continue;
+      for (size_t i = 0; i < endpoints_.size(); ++i) {
+        if (!(items[i].revents & ZMQ_POLLIN)) continue;
+        frames.clear();
+        if (zmq::recv_multipart(*endpoints_[i].socket, std::back_inserter(frames), zmq::recv_flags::dontwait)) {
+          Serve(i, frames);
+        }
+      }
     } catch (const zmq::error_t& e) {
       if (e.num() != EINTR) OPGUARD_LOG(LogLevel::kWarn, std::string("query socket: ") + e.what());
-      continue;
     }
-    if (frames.size() < 2) continue;  // no routing id: nothing to answer to
-    metrics_->queries.fetch_add(1, std::memory_order_relaxed);
-    bool local_only = false;
-    if (QueryService::IsAlignerRequest(frames.back().data(), frames.back().size(), &local_only)) {
-      // Alignments take seconds: run them on a worker and keep serving
-      // (status, trace pages, peers' requests) meanwhile.
-      auto request = std::make_shared<std::vector<zmq::message_t>>(std::move(frames));
-      frames.clear();  // moved-from: make it empty again
-      service_->RunAligner(local_only, [this, request] {
-        std::string answer = service_->Answer(request->back().data(), request->back().size());
-        try {
-          zmq::socket_t push(*context_, zmq::socket_type::push);
-          push.set(zmq::sockopt::linger, 1000);
-          push.connect(results_endpoint_);
-          for (size_t i = 0; i + 1 < request->size(); ++i) {
-            push.send((*request)[i], zmq::send_flags::sndmore);
-          }
-          push.send(zmq::buffer(answer), zmq::send_flags::none);
-        } catch (const zmq::error_t& e) {
-          OPGUARD_LOG(LogLevel::kWarn, std::string("returning an aligner answer: ") + e.what());
-        }
-      });
-      continue;
-    }
-    std::string answer = service_->Answer(frames.back().data(), frames.back().size());
-    SendAnswer(frames, answer);
   }
 }
 

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -13,30 +14,44 @@
 #include "metrics.h"
 #include "opguard/common/status.h"
 #include "opguard/daemon/config.h"
+#include "opguard/daemon/curve_keys.h"
 #include "query/query.h"
 
 namespace opguard::daemon {
 
-// The ZeroMQ query endpoint: a ROUTER on config.listen served by one thread
-// ("og-query"). Requests are answered in order; each is small and bounded.
+// The ZeroMQ query endpoints, one ROUTER each, served by one thread
+// ("og-query"): the unix query socket (config.query_socket: callers known
+// by uid, the only one taking admin requests) and config.listen (TCP:
+// CURVE when `curve` is given, which daemon.cc requires off loopback).
+// Requests are answered in order; each is small and bounded.
 class QueryServer {
  public:
-  QueryServer(const Config& config, QueryService* service, Metrics* metrics, zmq::context_t* context);
+  QueryServer(const Config& config, QueryService* service, Metrics* metrics, zmq::context_t* context,
+              std::optional<CurveKeyPair> curve);
   ~QueryServer();
   Status Start();  // binds; main thread
   void Stop();     // main thread; idempotent
 
  private:
+  struct Endpoint {
+    std::string address;
+    std::unique_ptr<zmq::socket_t> socket;
+    bool unix_socket = false;
+  };
+  Status Bind(const std::string& address);
   void Loop();
-  void SendAnswer(std::vector<zmq::message_t>& frames, const std::string& answer);
+  void Serve(size_t index, std::vector<zmq::message_t>& frames);
+  void SendAnswer(zmq::socket_t& socket, std::vector<zmq::message_t>& frames, size_t first_route,
+                  const std::string& answer);
   const Config config_;
   QueryService* service_;
   Metrics* metrics_;
   zmq::context_t* context_;
-  std::unique_ptr<zmq::socket_t> socket_;
+  const std::optional<CurveKeyPair> curve_;
+  std::vector<Endpoint> endpoints_;
   // Aligner answers come back from the worker threads over inproc PUSH ->
-  // this PULL socket (routing frames, then the answer), so only the og-query
-  // thread touches the ROUTER.
+  // this PULL socket (the endpoint's index, routing frames, then the
+  // answer), so only the og-query thread touches the ROUTERs.
   std::unique_ptr<zmq::socket_t> results_;
   std::string results_endpoint_;
   std::atomic<bool> stop_{false};

@@ -56,9 +56,14 @@ struct RankState {
   void TrimSessions();
 };
 
+// The owner of a run whose creator is unknown: stored by an older daemon, or
+// sent over a network ingest endpoint. Only such senders write into it.
+inline constexpr int64_t kUnknownOwner = -1;
+
 struct RunState {
   uint64_t id = 0;
   std::string name;
+  int64_t owner_uid = kUnknownOwner;  // the uid whose batch created the run (access/access.h)
   std::string job_id;
   uint32_t world_size = 0;        // the one most ranks announced (see WorldSizeVote)
   std::string framework;

@@ -81,6 +81,7 @@ std::vector<std::pair<std::string, std::string>> PairsFromJson(const nlohmann::j
 nlohmann::json RunMetaToJson(const RunState& r) {
   return {{"id", r.id},
           {"name", r.name},
+          {"owner_uid", r.owner_uid},
           {"job_id", r.job_id},
           {"world_size", r.world_size},
           {"framework", r.framework},
@@ -95,6 +96,7 @@ RunState RunMetaFromJson(const nlohmann::json& j) {
   RunState r;
   r.id = j.value("id", uint64_t{0});
   r.name = j.value("name", std::string());
+  r.owner_uid = j.value("owner_uid", kUnknownOwner);  // absent: stored before runs had owners
   r.job_id = j.value("job_id", std::string());
   r.world_size = j.value("world_size", uint32_t{0});
   r.framework = j.value("framework", std::string());

@@ -1,5 +1,7 @@
 #include "storage/store.h"
 
+#include <sys/stat.h>
+
 #include <rocksdb/cache.h>
 #include <rocksdb/convenience.h>
 #include <rocksdb/filter_policy.h>
@@ -51,6 +53,14 @@ Result<std::unique_ptr<Store>> Store::Open(const Config& config) {
   std::error_code ec;
   std::filesystem::create_directories(config.data_dir, ec);
   if (ec) return Unavailable("cannot create data dir " + config.data_dir + ": " + ec.message());
+  // Records are the daemon's alone: others read them through queries, which
+  // apply the access rules (docs/operations.md). A dir made group- or
+  // world-readable by hand (or an older daemon) is closed again.
+  struct stat st {};
+  if (::stat(config.data_dir.c_str(), &st) == 0 && (st.st_mode & 077) != 0 &&
+      ::chmod(config.data_dir.c_str(), 0700) != 0) {
+    OPGUARD_LOG(LogLevel::kWarn, "cannot make data dir " + config.data_dir + " private (mode 0700)");
+  }
 
   // DB-wide options: one writer (the ingest committer) doing synced group
   // commits; a memtable budget shared by all column families so memory stays

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "opguard/common/status.h"
+#include "opguard/daemon/curve_keys.h"
 #include "opguard/idl/envelope.h"
 
 namespace zmq {
@@ -20,6 +21,8 @@ class socket_t;
 namespace opguard::daemon {
 
 inline constexpr char kDefaultQueryEndpoint[] = "tcp://127.0.0.1:7455";
+// The daemon's unix query socket: the only one that takes `opguard rm`.
+inline constexpr char kDefaultQuerySocket[] = "ipc:///run/opguard/query.sock";
 // Where the shim sends records unless OPGUARD_ENDPOINT says otherwise.
 inline constexpr char kDefaultIngestEndpoint[] = "ipc:///run/opguard/ingest.sock";
 
@@ -36,8 +39,11 @@ class Answer {
 
 class DaemonClient {
  public:
+  // `curve`: keys for tcp:// endpoints (a daemon with curve.key_file set
+  // answers nothing else there); a bad key file is the first call's error.
   explicit DaemonClient(std::string endpoint,
-                        std::chrono::milliseconds timeout = std::chrono::seconds(5));
+                        std::chrono::milliseconds timeout = std::chrono::seconds(5),
+                        CurveClientConfig curve = {});
   ~DaemonClient();
 
   // Sends a finished envelope, waits for the answer. An ErrorAnswer becomes
@@ -54,8 +60,10 @@ class DaemonClient {
 
  private:
   opguard::Status Connect();
+  std::string CurveHint() const;
   std::string endpoint_;
   std::chrono::milliseconds timeout_;
+  CurveClientConfig curve_;
   std::unique_ptr<zmq::context_t> context_;
   std::unique_ptr<zmq::socket_t> socket_;
 };

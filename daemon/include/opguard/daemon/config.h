@@ -21,9 +21,24 @@ struct Config {
   std::string config_path;  // empty: none read
   std::string data_dir = "/var/lib/opguard";
   std::string ingest = "ipc:///run/opguard/ingest.sock";
-  std::string listen = "tcp://127.0.0.1:7455";
+  std::string listen = "tcp://127.0.0.1:7455";  // empty: off
+  // The unix query socket: every query, and the only endpoint for admin
+  // requests (opguard rm). Empty: off. Bound once when equal to `listen`.
+  std::string query_socket = "ipc:///run/opguard/query.sock";
   std::string http = "127.0.0.1:7456";  // empty: HTTP disabled; port 0: any free port
   uint32_t http_max_connections = 64;   // at most a quarter of the file descriptor limit
+  // A file holding the token HTTP clients off loopback must present
+  // (Authorization: Bearer, the opguard_token cookie or ?token=); empty: none.
+  std::string http_token_file;
+
+  // Who may do what (docs/daemon.md, "Access").
+  std::string socket_group = "opguard";      // group of the runtime dir and unix sockets; "" : the daemon's
+  uint32_t query_socket_mode = 0660;         // permissions of an ipc:// query socket
+  std::string admin_group = "opguard-admin"; // may remove any run (with root and the daemon's user)
+  // CURVE on TCP query endpoints and toward peers: this daemon's keypair
+  // (`opguard keygen`) and the client public keys it accepts, one per line.
+  std::string curve_key_file;
+  std::string curve_authorized_keys;
   std::vector<std::string> peers;
   // The web viewer's files; empty: found next to the binary
   // (../share/opguard/web) or in the source tree (query/web_files.h).
@@ -33,7 +48,7 @@ struct Config {
   // Ingest limits.
   uint64_t max_message_bytes = 64u << 20;  // larger batches get a Rejected ack
   uint64_t max_group_bytes = 64u << 20;    // one group commit (and the backlog behind it)
-  uint32_t ingest_socket_mode = 0666;      // permissions of an ipc:// ingest socket
+  uint32_t ingest_socket_mode = 0660;      // permissions of an ipc:// ingest socket
   uint32_t ingest_hwm = 4;                 // ZeroMQ receive queue per sender, in messages
   // What senders can make the daemon hold (docs/daemon.md, Limits): a batch
   // beyond one of these gets a Rejected ack (reason "limit").
@@ -70,7 +85,9 @@ std::string HelpText();
 // Parses the command line: reads --config FILE (or the default file when it
 // exists and --local is not given) first, then applies the other flags.
 // `--local DIR` puts the data dir and sockets under DIR for unprivileged use.
-// Sets *help when --help was given. Errors are one line, naming the file for
+// Refuses a network endpoint an outsider could reach without credentials:
+// a query endpoint off loopback without CURVE keys, HTTP off loopback
+// without a token. Sets *help when --help was given. Errors are one line, naming the file for
 // a bad file line. Sizes take K/M/G/T (powers of 1024, optional "iB"/"B"),
 // durations s/m/h/d.
 Result<Config> ParseCommandLine(int argc, const char* const* argv, bool* help);

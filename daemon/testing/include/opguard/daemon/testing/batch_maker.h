@@ -139,13 +139,17 @@ class DaemonProcess {
 // on a shared machine steadier than wall time.
 double ProcessCpuSeconds(pid_t pid);
 
-// Minimal blocking HTTP GET against HOST:PORT; returns status and body.
+// Minimal blocking HTTP GET against HOST:PORT; returns status, the header
+// lines and body. `extra_headers`: "Name: value\r\n" lines to send;
+// `from`: the local IPv4 address to connect from ("" : any).
 struct HttpResult {
   int status = 0;
+  std::string headers;
   std::string body;
 };
 Result<HttpResult> HttpGet(const std::string& host_port, const std::string& target,
-                           std::chrono::milliseconds timeout = std::chrono::seconds(10));
+                           std::chrono::milliseconds timeout = std::chrono::seconds(10),
+                           const std::string& extra_headers = "", const std::string& from = "");
 
 // Runs a command line through /bin/sh, capturing stdout+stderr (bounded by timeout seconds).
 struct CommandResult {
