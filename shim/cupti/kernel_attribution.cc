@@ -52,6 +52,16 @@ constexpr size_t kBufferBytes = 1 << 20;
 // CUPTI drops records, which turns attribution off.
 constexpr int kMaxBuffers = 64;
 
+const char* KindName(CUpti_ActivityKind kind) {
+  switch (kind) {
+    case CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION: return "EXTERNAL_CORRELATION";
+    case CUPTI_ACTIVITY_KIND_RUNTIME: return "RUNTIME";
+    case CUPTI_ACTIVITY_KIND_DRIVER: return "DRIVER";
+    case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: return "CONCURRENT_KERNEL";
+    default: return "?";
+  }
+}
+
 std::atomic<KernelAttribution*> g_active{nullptr};
 std::atomic<int> g_buffers{0};
 
@@ -194,8 +204,8 @@ std::unique_ptr<KernelAttribution> KernelAttribution::StartOrExplain(const Kerne
     for (CUpti_ActivityKind kind : kKinds) {
       r = a.enable(kind);
       if (r != CUPTI_SUCCESS) {
-        *why_not = "CUPTI could not enable activity kind " + std::to_string(static_cast<int>(kind)) + " (" +
-                   a.Describe(r) + "; no CUDA driver?)";
+        *why_not = std::string("CUPTI could not enable ") + KindName(kind) + " records (" + a.Describe(r) +
+                   "; no CUDA driver?)";
         ka->Stop();
         return nullptr;
       }

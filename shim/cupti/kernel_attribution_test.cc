@@ -76,14 +76,14 @@ TEST_F(KernelAttributionTest, RealCuptiWithoutADriverFallsBackInOneLine) {
   std::string why;
   std::unique_ptr<KernelAttribution> ka = KernelAttribution::Start(KernelsConfig{true, ""}, &why);
   EXPECT_EQ(ka, nullptr);
-  EXPECT_NE(why.find("CUPTI could not enable activity kind"), std::string::npos) << why;
+  EXPECT_EQ(why, "CUPTI could not enable EXTERNAL_CORRELATION records (CUPTI_ERROR_UNKNOWN; no CUDA driver?)");
   ASSERT_EQ(Lines().size(), 1u);
   EXPECT_EQ(Lines()[0], "kernel names are not recorded: " + why);
   // Nothing was left claimed: a second attempt fails the same way, not as
   // "already running".
   std::unique_ptr<KernelAttribution> again = KernelAttribution::Start(KernelsConfig{true, ""}, &why);
   EXPECT_EQ(again, nullptr);
-  EXPECT_NE(why.find("CUPTI could not enable activity kind"), std::string::npos) << why;
+  EXPECT_NE(why.find("CUPTI could not enable"), std::string::npos) << why;
 }
 
 TEST_F(KernelAttributionTest, RealCuptiWithADriverAcceptsTheOpCalls) {
