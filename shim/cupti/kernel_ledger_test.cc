@@ -18,31 +18,24 @@ namespace {
 class ActivityBuffer {
  public:
   void Kernel(uint32_t correlation_id, const char* name, uint32_t stream) {
-    CUpti_ActivityKernel10 k;
-    std::memset(&k, 0, sizeof k);
+    CUpti_ActivityKernel10 k{};
     k.kind = CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL;
     k.correlationId = correlation_id;
     k.streamId = stream;
     k.name = name;
-    Append(&k, sizeof k);
+    Append(k);
   }
   void External(uint64_t key, uint32_t correlation_id,
                 CUpti_ExternalCorrelationKind kind = kOpCorrelationKind) {
-    CUpti_ActivityExternalCorrelation x;
-    std::memset(&x, 0, sizeof x);
-    x.kind = CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION;
-    x.externalKind = kind;
-    x.externalId = key;
-    x.correlationId = correlation_id;
-    Append(&x, sizeof x);
+    CUpti_ActivityExternalCorrelation x{CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION, kind, key, correlation_id, 0};
+    Append(x);
   }
   // An API record: CUPTI emits one per runtime/driver call; the ledger skips it.
   void Api(uint32_t correlation_id) {
-    CUpti_ActivityAPI a;
-    std::memset(&a, 0, sizeof a);
+    CUpti_ActivityAPI a{};
     a.kind = CUPTI_ACTIVITY_KIND_RUNTIME;
     a.correlationId = correlation_id;
-    Append(&a, sizeof a);
+    Append(a);
   }
   // What a completion callback does with it: every record, in buffer order.
   void DeliverTo(KernelLedger& ledger) const {
@@ -63,10 +56,11 @@ class ActivityBuffer {
     }
   }
   static size_t Aligned(size_t n) { return (n + 7) & ~size_t{7}; }
-  void Append(const void* record, size_t size) {
+  template <typename Record>
+  void Append(const Record& record) {
     size_t at = bytes_.size();
-    bytes_.resize(at + Aligned(size), 0);
-    std::memcpy(bytes_.data() + at, record, size);
+    bytes_.resize(at + Aligned(sizeof record), 0);
+    std::memcpy(bytes_.data() + at, &record, sizeof record);
   }
   std::vector<uint8_t> bytes_;  // operator new: aligned for any record
 };
@@ -76,6 +70,13 @@ void Flush(KernelLedger& ledger, const std::vector<const ActivityBuffer*>& buffe
   ledger.FlushStarted();
   for (const ActivityBuffer* b : buffers) b->DeliverTo(ledger);
   ledger.FlushDelivered(dropped);
+}
+
+// Two flushes that deliver nothing: a kernel record still without its
+// external record after them counts as unattributed.
+void FlushTwiceEmpty(KernelLedger& ledger) {
+  Flush(ledger, {});
+  Flush(ledger, {});
 }
 
 std::vector<std::string> Names(const KernelList& list) {
@@ -211,8 +212,7 @@ TEST(KernelLedger, UnknownCorrelationIdsAreCountedNotAttributed) {
   EXPECT_EQ(ledger.KernelsFor(999).state, KernelsState::kPending);
   // Unmatched kernels wait two flushes for a late external record, then count.
   EXPECT_EQ(ledger.counters().unattributed, 0u);
-  Flush(ledger, {});
-  Flush(ledger, {});
+  FlushTwiceEmpty(ledger);
   EXPECT_EQ(ledger.counters().unattributed, 2u);
   EXPECT_EQ(ledger.counters().kernels, 1u);
 }
@@ -274,8 +274,7 @@ TEST(KernelLedger, ForgottenOpsReleaseTheirCorrelations) {
   Flush(ledger, {&before});
   ledger.Forget(dropped);
   Flush(ledger, {&after});
-  Flush(ledger, {});
-  Flush(ledger, {});
+  FlushTwiceEmpty(ledger);
   EXPECT_EQ(ledger.counters().kernels, 0u);
   EXPECT_EQ(ledger.counters().unattributed, 1u);
 }
