@@ -224,20 +224,24 @@ KernelAttribution::~KernelAttribution() { Stop(); }
 bool KernelAttribution::BeginOp(uint64_t key) noexcept {
   if (!on()) return false;
   CUptiResult r = api_->push_external(kOpCorrelationKind, key);
-  if (r != CUPTI_SUCCESS) {
+  if (r == CUPTI_SUCCESS) return true;
+  try {
     Fail("CUPTI refused an external correlation id (" + api_->Describe(r) + ")");
-    return false;
+  } catch (...) {
+    on_.store(false, std::memory_order_release);
   }
-  return true;
+  return false;
 }
 
 void KernelAttribution::EndOp(uint64_t key) noexcept {
   uint64_t popped = 0;
   CUptiResult r = api_->pop_external(kOpCorrelationKind, &popped);
-  if (r != CUPTI_SUCCESS) {
-    Fail("CUPTI could not pop an external correlation id (" + api_->Describe(r) + ")");
-  } else if (popped != key) {
-    Fail("another tool pushes CUPTI external correlation ids of kind CUSTOM2");
+  if (r == CUPTI_SUCCESS && popped == key) return;
+  try {
+    Fail(r != CUPTI_SUCCESS ? "CUPTI could not pop an external correlation id (" + api_->Describe(r) + ")"
+                            : std::string("another tool pushes CUPTI external correlation ids of kind CUSTOM2"));
+  } catch (...) {
+    on_.store(false, std::memory_order_release);
   }
 }
 
@@ -251,22 +255,21 @@ void KernelAttribution::GpuWorkDone(uint64_t key) noexcept {
 }
 
 void KernelAttribution::Flush() noexcept {
-  std::lock_guard<std::mutex> lock(flush_mu_);
-  if (stopped_ || !on()) return;
-  ledger_.FlushStarted();
-  CUptiResult r = api_->flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
-  size_t dropped = 0;
-  if (r == CUPTI_SUCCESS) r = api_->get_num_dropped(nullptr, 0, &dropped);
   try {
+    std::lock_guard<std::mutex> lock(flush_mu_);
+    if (stopped_ || !on()) return;
+    ledger_.FlushStarted();
+    CUptiResult r = api_->flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+    size_t dropped = 0;
+    if (r == CUPTI_SUCCESS) r = api_->get_num_dropped(nullptr, 0, &dropped);
     ledger_.FlushDelivered(dropped);
+    if (r != CUPTI_SUCCESS) {
+      Fail("CUPTI could not flush its activity buffers (" + api_->Describe(r) + ")");
+    } else if (ledger_.off()) {
+      Fail(ledger_.off_reason());
+    }
   } catch (...) {
     Fail("out of memory");
-    return;
-  }
-  if (r != CUPTI_SUCCESS) {
-    Fail("CUPTI could not flush its activity buffers (" + api_->Describe(r) + ")");
-  } else if (ledger_.off()) {
-    Fail(ledger_.off_reason());
   }
 }
 
