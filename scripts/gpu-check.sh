@@ -231,7 +231,7 @@ elif ! fits 90; then
 else
   echo "== e2e: train_gpt.py on CUDA, 2 ranks over gloo, under OPGUARD=1"
   timing=()
-  fits 200 || timing=(--skip-timing)
+  fits 150 || timing=(--skip-timing)
   ((${#timing[@]} == 0)) || echo "   step-time ratios skipped: $(left) s left"
   rc=0
   (cd "$ROOT/tests/e2e" &&
