@@ -15,9 +15,9 @@
 #   scripts/gpu-bundle.sh --check [DIR]   configure and build the project in a
 #       clean temporary folder with CMake pointed at the bundle alone (system
 #       packages hidden from CMake and pkg-config; afterwards no header or
-#       library of a bundled dependency may have come from /usr), then run
-#       opguardd --version, opguard --version and a unit test binary with
-#       LD_LIBRARY_PATH at the bundle.
+#       library of a bundled dependency may have come from /usr), then start
+#       opguardd, ask it `opguard status`, stop it, and run a unit test binary,
+#       with LD_LIBRARY_PATH at the bundle.
 #
 # Shared libraries that every Ubuntu/Debian base system has (glibc, the GCC
 # runtime, zlib, zstd, lz4, bzip2) are not shipped: the GPU machine's own,
@@ -69,8 +69,28 @@ if ((CHECK)); then
     exit 1
   fi
   export LD_LIBRARY_PATH="$OPGUARD_BUNDLE_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  "$BUILD/daemon/opguardd" --version
-  "$BUILD/cli/opguard" --version
+  # The daemon on the bundle's RocksDB and ZeroMQ, asked by the CLI.
+  mkdir -p "$BUILD/local"
+  "$BUILD/daemon/opguardd" --local "$BUILD/local" --http off >"$BUILD/opguardd.log" 2>&1 &
+  daemon_pid=$!
+  answered=0
+  for _ in $(seq 100); do
+    if "$BUILD/cli/opguard" status --daemon "ipc://$BUILD/local/query.sock" >"$BUILD/status.txt" 2>&1; then
+      answered=1
+      break
+    fi
+    sleep 0.1
+  done
+  kill -TERM "$daemon_pid" 2>/dev/null
+  wait "$daemon_pid"
+  daemon_rc=$?
+  if ((!answered || daemon_rc != 0)); then
+    cat "$BUILD/opguardd.log" "$BUILD/status.txt"
+    echo "gpu-bundle: opguardd did not answer opguard status, or did not stop cleanly (exit $daemon_rc)" >&2
+    exit 1
+  fi
+  echo "gpu-bundle: opguardd answered opguard status and stopped cleanly:"
+  sed 's/^/   /' "$BUILD/status.txt" | head -5
   for bin in "$BUILD/daemon/opguardd" "$BUILD/shim/libopguard_shim.so"; do
     # Every library a bundled dependency brought resolves inside the bundle.
     if ldd "$bin" | grep -E "not found"; then echo "gpu-bundle: $bin has unresolved libraries" >&2; exit 1; fi
