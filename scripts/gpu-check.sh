@@ -149,8 +149,9 @@ else
               "${OPGUARD_BUNDLE_CMAKE_ARGS[@]}")
   targets=(opguardd opguard opguard_shim)
   if [[ -x "$NVCC" ]]; then
-    # This GPU's architecture only: the build must fit the budget.
-    cmake_args+=(-DOPGUARD_WITH_CUDA=ON -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_CUDA_ARCHITECTURES=native)
+    # This GPU's architecture only (sm_90 without one): the build must fit the budget.
+    cmake_args+=(-DOPGUARD_WITH_CUDA=ON -DCMAKE_CUDA_COMPILER="$NVCC"
+                 -DCMAKE_CUDA_ARCHITECTURES="$([[ -n "$MACHINE" ]] && echo native || echo 90)")
   else
     cmake_args+=(-DOPGUARD_WITH_CUDA=OFF)
   fi
