@@ -161,9 +161,10 @@ std::unique_ptr<KernelAttribution> KernelAttribution::StartOrExplain(const Kerne
     auto api = std::make_unique<CuptiApi>();
     api->handle = OpenCupti(config.library, &api->path);
     if (api->handle == nullptr) {
+      const char* error = dlerror();
       *why_not = config.library.empty()
                      ? "no libcupti found (set OPGUARD_CUPTI_LIBRARY to its path)"
-                     : "cannot load " + config.library + ": " + dlerror();
+                     : "cannot load " + config.library + ": " + (error != nullptr ? error : "unknown error");
       return nullptr;
     }
     // From here the library stays loaded: CUPTI may keep threads of its own.
