@@ -3,6 +3,7 @@
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <sstream>
 
 #include "opguard/common/hex.h"
@@ -41,6 +42,14 @@ std::string Hex64(uint64_t v) {
   char buf[20];
   std::snprintf(buf, sizeof buf, "%016" PRIx64, v);
   return buf;
+}
+
+// Whether the pivot ran other kernels in the two runs. Unknown (nullopt)
+// unless both runs recorded kernels for it: an empty list is also what a run
+// without kernel recording (OPGUARD_KERNELS) carries.
+std::optional<bool> KernelsDiffer(const FirstDivergence& f) {
+  if (f.reference.kernels.empty() || f.suspect.kernels.empty()) return std::nullopt;
+  return f.reference.kernels != f.suspect.kernels;
 }
 
 // ---- to JSON ----------------------------------------------------------------
@@ -120,6 +129,7 @@ json ForwardSites(const FirstDivergence& f) {
 
 json Divergence(const std::optional<FirstDivergence>& f) {
   if (!f) return nullptr;
+  const std::optional<bool> kernels_differ = KernelsDiffer(*f);
   return json{{"rank", f->rank},
               {"lane", f->lane},
               {"step", f->step},
@@ -130,6 +140,7 @@ json Divergence(const std::optional<FirstDivergence>& f) {
               {"inputs_equal", f->inputs_equal},
               {"differing_outputs", f->differing_outputs},
               {"producer", f->producer ? json{{"run", f->producer_run}, {"op", View(*f->producer)}} : json(nullptr)},
+              {"kernels_differ", kernels_differ ? json(*kernels_differ) : json(nullptr)},
               {"reference", View(f->reference)},
               {"suspect", View(f->suspect)}};
 }
@@ -197,6 +208,29 @@ std::string Num(double d) {
   return o.str();
 }
 
+// The pivot's kernels: the first pair that differs (names can be long: the
+// full lists are in the JSON), or that they are the same, or that only one
+// run recorded them.
+void KernelsText(std::ostringstream& o, const FirstDivergence& f, std::optional<bool> differ) {
+  const std::vector<std::string>& r = f.reference.kernels;
+  const std::vector<std::string>& s = f.suspect.kernels;
+  if (!differ) {
+    if (!r.empty() || !s.empty()) {
+      o << "  kernels recorded in the " << (r.empty() ? "suspect" : "reference") << " run only (not compared)\n";
+    }
+    return;
+  }
+  if (!*differ) {
+    o << "  kernels: the same " << r.size() << " in both runs\n";
+    return;
+  }
+  size_t k = 0;
+  while (k < r.size() && k < s.size() && r[k] == s[k]) ++k;
+  auto at = [k](const std::vector<std::string>& v) { return k < v.size() ? v[k] : std::string("(none)"); };
+  o << "  other kernels ran: kernel " << k + 1 << " of " << r.size() << " (reference) and " << s.size()
+    << " (suspect) differs\n    reference: " << at(r) << "\n    suspect:   " << at(s) << "\n";
+}
+
 void PivotText(std::ostringstream& o, const FirstDivergence& f, const char* headline) {
   o << headline << " · rank " << f.rank << " · step " << f.step << " · " << f.op << "  ("
     << SiteText(f.suspect.site) << ")\n";
@@ -211,7 +245,11 @@ void PivotText(std::ostringstream& o, const FirstDivergence& f, const char* head
 }
 
 void EvidenceText(std::ostringstream& o, const FirstDivergence& f) {
-  if (f.inputs_equal) {
+  const std::optional<bool> kernels_differ = KernelsDiffer(f);
+  if (f.inputs_equal && kernels_differ == true) {
+    o << "inputs identical (fingerprints equal), output differs → the op itself, which ran other kernels "
+         "(another algorithm: a different GEMM kernel, say)\n";
+  } else if (f.inputs_equal) {
     o << "inputs identical (fingerprints equal), output differs → the op itself (kernel race, SDC, wrong code)\n";
   } else if (f.producer) {
     const OpView& p = *f.producer;
@@ -244,14 +282,7 @@ void EvidenceText(std::ostringstream& o, const FirstDivergence& f) {
       o << "\n";
     }
     o << "  input signatures:\n    reference: " << SigText(r) << "\n    suspect:   " << SigText(s) << "\n";
-    if (r.kernels != s.kernels) {
-      auto list = [](const std::vector<std::string>& v) {
-        std::string t;
-        for (size_t k = 0; k < v.size(); ++k) t += (k ? ", " : "") + v[k];
-        return t.empty() ? std::string("none recorded") : t;
-      };
-      o << "  kernels differ:\n    reference: " << list(r.kernels) << "\n    suspect:   " << list(s.kernels) << "\n";
-    }
+    KernelsText(o, f, kernels_differ);
   } else {
     o << "  (full records of the pivot not available: fingerprints and stats not shown)\n";
   }

@@ -146,6 +146,79 @@ TEST(Render, InputsDifferNameTheUnpairedProducer) {
       << text;
 }
 
+// Gives the pivot (reference op #2, suspect op #35) these kernels per run.
+void SetPivotKernels(Fixture& f, const std::vector<std::string>& reference,
+                     const std::vector<std::string>& suspect) {
+  for (InMemoryDetails* details : {&f.ref_details, &f.sus_details}) {
+    const bool is_ref = details == &f.ref_details;
+    OpDetail d = *details->Find(3, 0, is_ref ? 2 : 35);
+    d.kernels.clear();
+    for (const std::string& name : is_ref ? reference : suspect) {
+      f.strings.AddString(Id("kernel:" + name), name);
+      d.kernels.push_back(Id("kernel:" + name));
+    }
+    details->Add(3, d);
+  }
+}
+
+// Same inputs, another GEMM kernel chosen in the suspect run: the classic
+// cause the report must name.
+TEST(Render, PivotThatRanOtherKernelsSaysSo) {
+  Fixture f;
+  SetPivotKernels(f, {"ampere_sgemm_128x64_nn", "void at::native::reduce_kernel<512, 1>()"},
+                  {"ampere_sgemm_64x32_sliced1x4_nn", "void at::native::reduce_kernel<512, 1>()"});
+  DiffReport rep = MergeRankDiffs({Sample(f)}, {3});
+  const nlohmann::json fd = ToJson(rep)["first_divergence"];
+  EXPECT_EQ(fd["kernels_differ"], true);
+  EXPECT_EQ(fd["reference"]["kernels"][0], "ampere_sgemm_128x64_nn");
+  EXPECT_EQ(fd["suspect"]["kernels"][0], "ampere_sgemm_64x32_sliced1x4_nn");
+  std::string text = ToText(rep);
+  EXPECT_NE(text.find("output differs → the op itself, which ran other kernels (another algorithm"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("  other kernels ran: kernel 1 of 2 (reference) and 2 (suspect) differs\n"
+                      "    reference: ampere_sgemm_128x64_nn\n"
+                      "    suspect:   ampere_sgemm_64x32_sliced1x4_nn\n"),
+            std::string::npos)
+      << text;
+}
+
+TEST(Render, PivotKernelsSameOrRecordedInOneRunOnly) {
+  Fixture same;
+  SetPivotKernels(same, {"k1", "k2"}, {"k1", "k2"});
+  DiffReport rep = MergeRankDiffs({Sample(same)}, {3});
+  EXPECT_EQ(ToJson(rep)["first_divergence"]["kernels_differ"], false);
+  std::string text = ToText(rep);
+  EXPECT_NE(text.find("  kernels: the same 2 in both runs\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("→ the op itself (kernel race, SDC, wrong code)"), std::string::npos) << text;
+
+  // A run without kernel recording carries empty lists: nothing to compare.
+  Fixture one;
+  SetPivotKernels(one, {"k1"}, {});
+  rep = MergeRankDiffs({Sample(one)}, {3});
+  EXPECT_TRUE(ToJson(rep)["first_divergence"]["kernels_differ"].is_null());
+  text = ToText(rep);
+  EXPECT_NE(text.find("  kernels recorded in the reference run only (not compared)\n"), std::string::npos) << text;
+  EXPECT_EQ(text.find("other kernels ran"), std::string::npos) << text;
+
+  // Neither run recorded kernels: not mentioned at all.
+  Fixture none;
+  rep = MergeRankDiffs({Sample(none)}, {3});
+  EXPECT_TRUE(ToJson(rep)["first_divergence"]["kernels_differ"].is_null());
+  EXPECT_EQ(ToText(rep).find("kernels"), std::string::npos);
+}
+
+// A suspect that launched one kernel more than the reference.
+TEST(Render, PivotWithAnExtraKernelNamesIt) {
+  Fixture f;
+  SetPivotKernels(f, {"gemm"}, {"gemm", "splitk_reduce"});
+  std::string text = ToText(MergeRankDiffs({Sample(f)}, {3}));
+  EXPECT_NE(text.find("  other kernels ran: kernel 2 of 1 (reference) and 2 (suspect) differs\n"
+                      "    reference: (none)\n    suspect:   splitk_reduce\n"),
+            std::string::npos)
+      << text;
+}
+
 TEST(Render, IncompleteAndPartialAreSaid) {
   RankTrace r = Rank(0, "A B C"), s = Rank(0, "A B C");
   s.gaps.push_back(Gap{0, 1, 1});

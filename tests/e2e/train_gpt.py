@@ -24,6 +24,9 @@ training code, never in OpGuard. RANK selects the one rank that misbehaves:
 
 Launch: torchrun --nproc_per_node 4 train_gpt.py --steps 3, or
         python3 train_gpt.py --spawn 4 --steps 3 (torch.multiprocessing.spawn).
+--device cuda trains on the GPU (every rank on cuda:LOCAL_RANK modulo the
+device count, so several ranks may share one GPU; gloo moves CUDA tensors):
+the same ops, data and faults as on the CPU (scripts/gpu-check.sh).
 """
 import argparse
 import contextlib
@@ -48,6 +51,17 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def to_device(t, device):
+    """`t` on `device`; on the CPU `t` itself, with no aten::to recorded."""
+    return t if device.type == "cpu" else t.to(device)
+
+
+def on_device_of(t):
+    """Factory keyword arguments that put a new tensor beside `t`: none on the
+    CPU, so that the CPU run calls exactly the ops it always did."""
+    return {} if t.device.type == "cpu" else {"device": t.device}
 
 
 def spawn_ranks(fn, world, *args):
@@ -78,7 +92,7 @@ class Attention(nn.Module):
         scale = 1.0 / math.sqrt(c // h)
         # "reorder" (wrong order of two operations) scales after the product.
         scores = torch.matmul(q, k.transpose(-2, -1)) * scale if self.fault == "reorder" else torch.matmul(q * scale, k.transpose(-2, -1))
-        mask = torch.triu(torch.ones(t, t, dtype=torch.bool), diagonal=1)
+        mask = torch.triu(torch.ones(t, t, dtype=torch.bool, **on_device_of(x)), diagonal=1)
         scores = scores.masked_fill(mask, float("-inf"))
         y = torch.matmul(F.softmax(scores, dim=-1), v)
         y = y.transpose(1, 2).reshape(b, t, c)
@@ -114,7 +128,7 @@ class TinyGPT(nn.Module):
     def embed(self, which, idx):
         if which == "tok":
             return self.tok(idx)
-        return self.pos(torch.arange(idx.shape[1]))
+        return self.pos(torch.arange(idx.shape[1], **on_device_of(idx)))
 
     def forward(self, idx):
         # The same source lines in either order: the "swap" fault reorders two
@@ -131,7 +145,13 @@ class TinyGPT(nn.Module):
 
 def flip_bit_in_memory(tensor, index, bit):
     """Flips one bit of one float32 element by writing memory directly: no
-    torch op runs, as with silent data corruption."""
+    torch op runs, as with silent data corruption. Device memory cannot be
+    written from Python: there one int32 xor runs with OpGuard paused, so no
+    recorded op does it either."""
+    if tensor.device.type != "cpu":
+        with opguard_paused():
+            tensor.detach().view(-1).view(torch.int32)[index] ^= 1 << bit
+        return
     address = tensor.data_ptr() + 4 * index
     word = ctypes.c_uint32.from_address(address)
     word.value ^= 1 << bit
@@ -158,13 +178,19 @@ def train(rank, world, args):
     torch.manual_seed(1234)  # same init on every rank, like DDP's broadcast would give
     kind, fault_rank, fault_step = parse_fault(args.fault)
     model_fault = kind if kind in ("reorder", "logging", "swap") and fault_rank in (-1, rank) else ""
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
+        torch.cuda.set_device(device)
     model = core = TinyGPT(d_model=args.d_model, fault=model_fault)
+    if device.type != "cpu":
+        core.to(device)
     if args.ddp:  # gradients averaged by DDP's reducer, in C++, during backward
         from torch.nn.parallel import DistributedDataParallel
         model = DistributedDataParallel(core)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     gen = torch.Generator().manual_seed(100 + rank)  # each rank its own data shard
-    lr_scale = torch.ones(1)
+    lr_scale = to_device(torch.ones(1), device)
     step_times, step_cpu, step_thread_cpu = [], [], []
     # --alternate-paused: in each pair of steps one (in an order the seed
     # picks, the same on every rank) runs inside opguard.paused(), so that a
@@ -185,7 +211,7 @@ def train(rank, world, args):
             # Rank 0 decides the step's learning-rate scale for everyone.
             root = rank if kind == "desync" and rank == fault_rank and step == fault_step else 0
             dist.broadcast(lr_scale, src=root)
-            idx = torch.randint(0, 64, (4, 16), generator=gen)
+            idx = to_device(torch.randint(0, 64, (4, 16), generator=gen), device)
             target = torch.roll(idx, -1, dims=1)
             logits = model(idx)
             loss = F.cross_entropy(logits.view(-1, 64), target.view(-1))
@@ -202,6 +228,8 @@ def train(rank, world, args):
             opt.step()
             if rank == 0:
                 print(f"step {step} loss {loss.item():.6f}", flush=True)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)  # the step's GPU work belongs to its time
             step_times.append(time.perf_counter() - started)
             step_cpu.append(time.process_time() - started_cpu)
             step_thread_cpu.append(time.thread_time() - started_thread_cpu)
@@ -266,6 +294,8 @@ def main():
                              "averaging gradients with dist.all_reduce")
     parser.add_argument("--timeout", type=int, default=60,
                         help="seconds a collective may wait for the other ranks")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                        help="train on the CPU (the tests) or the GPU (scripts/gpu-check.sh)")
     parser.add_argument("--spawn", type=int, default=0,
                         help="start this many ranks with torch.multiprocessing.spawn")
     args = parser.parse_args()
