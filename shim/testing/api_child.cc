@@ -5,6 +5,9 @@
 //   api_child fork          record 50, fork a child that tries to record, record 50 more
 //   api_child disabled      count threads and fds around API calls
 //   api_child noblock N     record N ops and report how many were taken and dropped
+//   api_child pending D     ops whose fingerprints resolve later: a host buffer hashed
+//                           off the thread, one resolved by another thread, and (D=1) a
+//                           device tensor; return from main (exit flush)
 #include <dirent.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -13,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "opguard/shim.h"
 
@@ -103,6 +107,55 @@ int main(int argc, char** argv) {
     waitpid(pid, &status, 0);
     for (int i = 50; i < 100; ++i) RecordOne(name, site, i + 1);
     std::printf("child_status=%d\nparent_enabled=%d\n", status, opguard_enabled());
+    std::fflush(stdout);
+    return 0;
+  }
+  if (mode == "pending") {
+    // 1. A host buffer fingerprinted off this thread; freed by the release callback.
+    static int64_t shape[1] = {1 << 20};
+    auto* data = new float[1 << 20];
+    for (int i = 0; i < (1 << 20); ++i) data[i] = static_cast<float>(i % 1000) * 0.5f;
+    opguard_tensor expect = {};
+    opguard_fingerprint_host(data, OPGUARD_DTYPE_FLOAT32, shape, 1, nullptr, &expect);
+    opguard_tensor t = {};
+    int rc = opguard_fingerprint_host_async(
+        data, OPGUARD_DTYPE_FLOAT32, shape, 1, nullptr,
+        [](void* p) { delete[] static_cast<float*>(p); }, data, &t);
+    opguard_op op = {};
+    op.struct_size = sizeof(op);
+    op.op_index = OPGUARD_AUTO;
+    op.name = name;
+    op.num_outputs = 1;
+    op.outputs = &t;
+    std::printf("api=%d\nhost_rc=%d\nhost_pending=%d\nexpect_lo=%llu\nrecord_rc=%d\n",
+                opguard_api_version(), rc, t.has_stats == OPGUARD_TENSOR_PENDING,
+                static_cast<unsigned long long>(expect.fp_lo), opguard_record_op(&op, nullptr));
+    // 2. A fingerprint the caller resolves itself, from another thread.
+    uint64_t handle = 0;
+    std::printf("begin_rc=%d\n", opguard_pending_begin(&handle));
+    opguard_tensor mine = {};
+    mine.shape = shape;
+    mine.ndim = 1;
+    mine.dtype = OPGUARD_DTYPE_FLOAT32;
+    opguard_tensor_set_pending(&mine, handle);
+    op.outputs = &mine;
+    std::printf("record2_rc=%d\n", opguard_record_op(&op, nullptr));
+    std::thread([handle] {
+      opguard_tensor r = {};
+      r.fp_lo = 4242;
+      r.fp_hi = 4343;
+      std::printf("resolve_rc=%d\n", opguard_pending_resolve(handle, &r));
+    }).join();
+    // 3. A device tensor: without a driver, a gap with the reason.
+    if (n == 1) {
+      float fake_device_memory[8] = {};
+      int64_t dshape[1] = {8};
+      opguard_tensor d = {};
+      std::printf("device_rc=%d\n", opguard_fingerprint_device_async(fake_device_memory, OPGUARD_DTYPE_FLOAT32,
+                                                                   dshape, 1, nullptr, 0, nullptr, &d));
+      op.outputs = &d;
+      std::printf("record3_rc=%d\n", opguard_record_op(&op, nullptr));
+    }
     std::fflush(stdout);
     return 0;
   }
