@@ -8,6 +8,9 @@
 //   api_child pending D     ops whose fingerprints resolve later: a host buffer hashed
 //                           off the thread, one resolved by another thread, and (D=1) a
 //                           device tensor; return from main (exit flush)
+//   api_child held N        2N ops on lane 0, every other one waiting for a fingerprint
+//                           that another thread resolves later, in reverse order (the
+//                           middle one fails); return from main (exit flush)
 #include <dirent.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,6 +20,7 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "opguard/shim.h"
 
@@ -156,6 +160,43 @@ int main(int argc, char** argv) {
       op.outputs = &d;
       std::printf("record3_rc=%d\n", opguard_record_op(&op, nullptr));
     }
+    std::fflush(stdout);
+    return 0;
+  }
+  if (mode == "held") {
+    std::vector<uint64_t> handles(static_cast<size_t>(n));
+    int64_t shape[1] = {8};
+    int bad = 0;
+    for (long i = 0; i < n; ++i) {
+      bad += opguard_pending_begin(&handles[i]) != OPGUARD_OK;
+      opguard_tensor out = {};
+      out.shape = shape;
+      out.ndim = 1;
+      out.dtype = OPGUARD_DTYPE_FLOAT32;
+      opguard_tensor_set_pending(&out, handles[i]);
+      opguard_op op = {};
+      op.struct_size = sizeof(op);
+      op.op_index = OPGUARD_AUTO;
+      op.name = name;
+      op.site = site;
+      op.num_outputs = 1;
+      op.outputs = &out;
+      bad += opguard_record_op(&op, nullptr) != OPGUARD_OK;
+      bad += RecordOne(name, site, 5000 + static_cast<uint64_t>(i)) != OPGUARD_OK;
+    }
+    std::thread([&] {
+      for (long i = n; i-- > 0;) {
+        if (i == n / 2) {
+          bad += opguard_pending_fail(handles[i], "planted failure") != OPGUARD_OK;
+          continue;
+        }
+        opguard_tensor r = {};
+        r.fp_lo = 1000 + static_cast<uint64_t>(i);
+        r.fp_hi = 2000 + static_cast<uint64_t>(i);
+        bad += opguard_pending_resolve(handles[i], &r) != OPGUARD_OK;
+      }
+    }).join();
+    std::printf("bad=%d\n", bad);
     std::fflush(stdout);
     return 0;
   }
