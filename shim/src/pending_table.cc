@@ -20,26 +20,30 @@ uint64_t PendingTable::BeginFailed(std::string_view reason) {
   return h;
 }
 
-bool PendingTable::Resolve(uint64_t handle, const FpResult& result) {
+template <typename F>
+bool PendingTable::Settle(uint64_t handle, F&& set) {
   auto it = entries_.find(handle);
   if (it == entries_.end() || it->second.state != State::kPending) return false;
-  it->second.state = State::kResolved;
-  it->second.result = result;
-  ++resolved_;
+  set(it->second);
   --pending_;
   Settled(handle);
   return true;
 }
 
+bool PendingTable::Resolve(uint64_t handle, const FpResult& result) {
+  return Settle(handle, [&](Entry& e) {
+    e.state = State::kResolved;
+    e.result = result;
+    ++resolved_;
+  });
+}
+
 bool PendingTable::Fail(uint64_t handle, std::string_view reason) {
-  auto it = entries_.find(handle);
-  if (it == entries_.end() || it->second.state != State::kPending) return false;
-  it->second.state = State::kFailed;
-  it->second.reason = reason;
-  ++failed_;
-  --pending_;
-  Settled(handle);
-  return true;
+  return Settle(handle, [&](Entry& e) {
+    e.state = State::kFailed;
+    e.reason = reason;
+    ++failed_;
+  });
 }
 
 void PendingTable::Settled(uint64_t handle) {

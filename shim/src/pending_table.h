@@ -73,6 +73,9 @@ class PendingTable {
   size_t size() const { return entries_.size(); }
 
  private:
+  // Applies `set` to a pending entry and counts it settled; false if none.
+  template <typename F>
+  bool Settle(uint64_t handle, F&& set);
   void Settled(uint64_t handle);
 
   const uint64_t max_pending_;

@@ -251,6 +251,13 @@ opguard_tensor OnDevice(Core& core, const std::vector<float>& v, const int64_t* 
   return t;
 }
 
+opguard_counters Counters(Core& core) {
+  opguard_counters c{};
+  c.struct_size = sizeof(c);
+  core.GetCounters(&c);
+  return c;
+}
+
 std::vector<uint64_t> LaneOrder(const Received& r, uint32_t lane) {
   std::vector<uint64_t> order;
   for (const auto& op : r.ops) {
@@ -279,9 +286,7 @@ TEST_F(PendingCoreTest, HeldRecordsArriveCompleteAndInRecordOrder) {
   opguard_tensor ty = OnDevice(*core, y, &ny, s2);
   ASSERT_EQ(RecordOp(*core, 0, ty, &tx), OPGUARD_OK);  // tx again, as an input
   ASSERT_EQ(RecordOp(*core, 1, Plain(88, &ny)), OPGUARD_OK);
-  opguard_counters c{};
-  c.struct_size = sizeof(c);
-  core->GetCounters(&c);
+  opguard_counters c = Counters(*core);
   EXPECT_EQ(c.fp_pending, 2u);
   EXPECT_EQ(c.records_held, 4u);
 
@@ -304,7 +309,7 @@ TEST_F(PendingCoreTest, HeldRecordsArriveCompleteAndInRecordOrder) {
   EXPECT_EQ(r.ops[2].out_lo, fy.digest.lo);
   EXPECT_EQ(r.ops[2].in_lo, fx.digest.lo);
   EXPECT_TRUE(r.gaps.empty());
-  core->GetCounters(&c);
+  c = Counters(*core);
   EXPECT_EQ(c.fp_pending, 0u);
   EXPECT_EQ(c.fp_resolved, 2u);
   EXPECT_EQ(c.records_held, 0u);
@@ -380,9 +385,7 @@ TEST_F(PendingCoreTest, FailedFingerprintsBecomeGapsWithTheirReason) {
   EXPECT_EQ(r.gaps[2].reason, "missing fingerprint: an illegal memory access was encountered");
   EXPECT_EQ(r.gaps[3].first_op, 3u);
   EXPECT_EQ(r.gaps[3].reason, "missing fingerprint: unknown handle");
-  opguard_counters c{};
-  c.struct_size = sizeof(c);
-  core->GetCounters(&c);
+  opguard_counters c = Counters(*core);
   EXPECT_EQ(c.fp_failed, 2u);
   EXPECT_EQ(c.ops_missing, 3u);
 }
@@ -413,9 +416,7 @@ TEST_F(PendingCoreTest, DeviceLimitTurnsTheOverflowIntoAGapWithoutWaiting) {
   std::vector<float> v(8, 2.0f);
   int64_t n = 8;
   for (int i = 0; i < 3; ++i) ASSERT_EQ(RecordOp(*core, 0, OnDevice(*core, v, &n, s)), OPGUARD_OK);
-  opguard_counters c{};
-  c.struct_size = sizeof(c);
-  core->GetCounters(&c);
+  opguard_counters c = Counters(*core);
   EXPECT_EQ(c.fp_pending, 2u);
   EXPECT_EQ(c.fp_refused, 1u);
   dev.RunStream(s);
@@ -481,9 +482,7 @@ TEST_F(PendingCoreTest, HostLimitRefusesWithoutTakingTheBuffer) {
   EXPECT_EQ(released.count.load(), 0) << "nothing taken: the caller fingerprints inline";
   uint64_t again = 0;
   EXPECT_EQ(core->PendingBegin(&again), OPGUARD_ERR_DROPPED);
-  opguard_counters c{};
-  c.struct_size = sizeof(c);
-  core->GetCounters(&c);
+  opguard_counters c = Counters(*core);
   EXPECT_EQ(c.fp_refused, 2u);
   EXPECT_EQ(core->PendingResolve(blocker, FpResult{1, 2, 0, {}}), OPGUARD_OK);
   EXPECT_EQ(core->PendingResolve(blocker, FpResult{1, 2, 0, {}}), OPGUARD_ERR_INVALID);

@@ -174,6 +174,9 @@ Core::~Core() {
     std::unique_lock<std::mutex> lock(wait_mu_);
     wait_cv_.wait(lock, [&] { return sender_done_; });
   }
+  // The fingerprint thread reports into this object (and may wake the
+  // sender): stopped while all of it is still alive.
+  host_fp_.reset();
   if (wake_fd_ >= 0) ::close(wake_fd_);
 }
 

@@ -51,13 +51,8 @@ int CountEntries(const char* dir) {
   return n - 1;  // opendir's own fd shows up under /proc/self/fd; harmless for tasks
 }
 
-int RecordOne(uint64_t name, uint64_t site, uint64_t fp) {
-  int64_t shape[1] = {8};
-  opguard_tensor out = {};
-  out.fp_lo = fp;
-  out.shape = shape;
-  out.ndim = 1;
-  out.dtype = OPGUARD_DTYPE_FLOAT32;
+// One op with the single output `out`.
+int RecordOutput(uint64_t name, uint64_t site, const opguard_tensor& out) {
   opguard_op op = {};
   op.struct_size = sizeof(op);
   op.op_index = OPGUARD_AUTO;
@@ -66,6 +61,19 @@ int RecordOne(uint64_t name, uint64_t site, uint64_t fp) {
   op.num_outputs = 1;
   op.outputs = &out;
   return opguard_record_op(&op, nullptr);
+}
+
+// A float32 tensor of 8 elements with the fingerprint `fp` (or the pending
+// marker of handle `fp` when `pending`).
+int RecordOne(uint64_t name, uint64_t site, uint64_t fp, bool pending = false) {
+  static const int64_t shape[1] = {8};
+  opguard_tensor out = {};
+  out.fp_lo = fp;
+  out.shape = shape;
+  out.ndim = 1;
+  out.dtype = OPGUARD_DTYPE_FLOAT32;
+  if (pending) opguard_tensor_set_pending(&out, fp);
+  return RecordOutput(name, site, out);
 }
 
 }  // namespace
@@ -125,25 +133,13 @@ int main(int argc, char** argv) {
     int rc = opguard_fingerprint_host_async(
         data, OPGUARD_DTYPE_FLOAT32, shape, 1, nullptr,
         [](void* p) { delete[] static_cast<float*>(p); }, data, &t);
-    opguard_op op = {};
-    op.struct_size = sizeof(op);
-    op.op_index = OPGUARD_AUTO;
-    op.name = name;
-    op.num_outputs = 1;
-    op.outputs = &t;
     std::printf("api=%d\nhost_rc=%d\nhost_pending=%d\nexpect_lo=%llu\nrecord_rc=%d\n",
                 opguard_api_version(), rc, t.has_stats == OPGUARD_TENSOR_PENDING,
-                static_cast<unsigned long long>(expect.fp_lo), opguard_record_op(&op, nullptr));
+                static_cast<unsigned long long>(expect.fp_lo), RecordOutput(name, site, t));
     // 2. A fingerprint the caller resolves itself, from another thread.
     uint64_t handle = 0;
     std::printf("begin_rc=%d\n", opguard_pending_begin(&handle));
-    opguard_tensor mine = {};
-    mine.shape = shape;
-    mine.ndim = 1;
-    mine.dtype = OPGUARD_DTYPE_FLOAT32;
-    opguard_tensor_set_pending(&mine, handle);
-    op.outputs = &mine;
-    std::printf("record2_rc=%d\n", opguard_record_op(&op, nullptr));
+    std::printf("record2_rc=%d\n", RecordOne(name, site, handle, /*pending=*/true));
     std::thread([handle] {
       opguard_tensor r = {};
       r.fp_lo = 4242;
@@ -157,31 +153,17 @@ int main(int argc, char** argv) {
       opguard_tensor d = {};
       std::printf("device_rc=%d\n", opguard_fingerprint_device_async(fake_device_memory, OPGUARD_DTYPE_FLOAT32,
                                                                    dshape, 1, nullptr, 0, nullptr, &d));
-      op.outputs = &d;
-      std::printf("record3_rc=%d\n", opguard_record_op(&op, nullptr));
+      std::printf("record3_rc=%d\n", RecordOutput(name, site, d));
     }
     std::fflush(stdout);
     return 0;
   }
   if (mode == "held") {
     std::vector<uint64_t> handles(static_cast<size_t>(n));
-    int64_t shape[1] = {8};
     int bad = 0;
     for (long i = 0; i < n; ++i) {
       bad += opguard_pending_begin(&handles[i]) != OPGUARD_OK;
-      opguard_tensor out = {};
-      out.shape = shape;
-      out.ndim = 1;
-      out.dtype = OPGUARD_DTYPE_FLOAT32;
-      opguard_tensor_set_pending(&out, handles[i]);
-      opguard_op op = {};
-      op.struct_size = sizeof(op);
-      op.op_index = OPGUARD_AUTO;
-      op.name = name;
-      op.site = site;
-      op.num_outputs = 1;
-      op.outputs = &out;
-      bad += opguard_record_op(&op, nullptr) != OPGUARD_OK;
+      bad += RecordOne(name, site, handles[i], /*pending=*/true) != OPGUARD_OK;
       bad += RecordOne(name, site, 5000 + static_cast<uint64_t>(i)) != OPGUARD_OK;
     }
     std::thread([&] {

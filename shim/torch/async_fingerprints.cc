@@ -2,6 +2,8 @@
 
 #include <ATen/core/function_schema.h>
 
+#include <pthread.h>
+
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -56,12 +58,6 @@ class PendingStorages {
   std::atomic<size_t> total_{0};
 };
 
-// Leaked on purpose: the fingerprint thread may release a tensor during exit.
-PendingStorages& Pending() {
-  static auto* pending = new PendingStorages();
-  return *pending;
-}
-
 // What the fingerprint thread releases: the reference that keeps the bytes
 // alive, and the storage's pending count.
 struct Held {
@@ -69,31 +65,55 @@ struct Held {
   const c10::StorageImpl* storage;
 };
 
-// Hashed tensors whose references are dropped on a recording thread, not on
-// the fingerprint thread: the last reference to a tensor that Python knew
-// takes the GIL to drop its Python object, and the GIL's holder may be
-// waiting in AwaitPendingWrites for a hash queued behind it.
-std::mutex g_finished_mu;
-std::vector<Held*> g_finished;
-std::atomic<size_t> g_finished_count{0};
+struct AsyncState {
+  PendingStorages pending;
+  // Hashed tensors whose references are dropped on a recording thread, not
+  // on the fingerprint thread: the last reference to a tensor that Python
+  // knew takes the GIL to drop its Python object, and the GIL's holder may be
+  // waiting in AwaitPendingWrites for a hash queued behind it.
+  std::mutex finished_mu;
+  std::vector<Held*> finished;
+  std::atomic<size_t> finished_count{0};
+};
+
+// Leaked on purpose: the fingerprint thread may release a tensor during
+// exit. A forked child (a DataLoader worker) starts with a fresh one: the
+// parent's hashes never complete there, and a lock may have been held at
+// the fork.
+std::atomic<AsyncState*> g_state{nullptr};
+
+AsyncState& State() {
+  AsyncState* state = g_state.load(std::memory_order_acquire);
+  if (state != nullptr) return *state;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    g_state.store(new AsyncState(), std::memory_order_release);
+    pthread_atfork(nullptr, nullptr, [] { g_state.store(new AsyncState(), std::memory_order_release); });
+  });
+  return *g_state.load(std::memory_order_acquire);
+}
+
+PendingStorages& Pending() { return State().pending; }
 
 void Release(void* context) {
   auto* held = static_cast<Held*>(context);
+  AsyncState& state = State();
   {
-    std::lock_guard<std::mutex> lock(g_finished_mu);
-    g_finished.push_back(held);
-    g_finished_count.fetch_add(1, std::memory_order_release);
+    std::lock_guard<std::mutex> lock(state.finished_mu);
+    state.finished.push_back(held);
+    state.finished_count.fetch_add(1, std::memory_order_release);
   }
-  Pending().Done(held->storage);
+  state.pending.Done(held->storage);
 }
 
 void DropFinished() {
-  if (g_finished_count.load(std::memory_order_acquire) == 0) return;
+  AsyncState& state = State();
+  if (state.finished_count.load(std::memory_order_acquire) == 0) return;
   std::vector<Held*> finished;
   {
-    std::lock_guard<std::mutex> lock(g_finished_mu);
-    finished.swap(g_finished);
-    g_finished_count.store(0, std::memory_order_release);
+    std::lock_guard<std::mutex> lock(state.finished_mu);
+    finished.swap(state.finished);
+    state.finished_count.store(0, std::memory_order_release);
   }
   for (Held* held : finished) delete held;
 }
