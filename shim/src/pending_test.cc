@@ -189,8 +189,13 @@ class PendingCoreTest : public ::testing::Test {
     config_.batch_interval_ms = 5;
     config_.ack_timeout_ms = 200;
     SetLogLevel(LogLevel::kError);
+    daemon_ = std::make_unique<FakeDaemon>(endpoint_);
+    ASSERT_TRUE(daemon_->Start());
   }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
+  void TearDown() override {
+    daemon_.reset();
+    std::filesystem::remove_all(dir_);
+  }
 
   std::unique_ptr<Core> StartCore(TestDevice* dev) {
     Core::DeviceLoader loader = [dev](uint32_t, std::string* why) -> std::unique_ptr<DeviceFingerprinter> {
@@ -208,6 +213,10 @@ class PendingCoreTest : public ::testing::Test {
   std::string dir_;
   std::string endpoint_;
   Config config_;
+  std::unique_ptr<FakeDaemon> daemon_;
+  // A small tensor's bytes ("device memory" for the stand-in).
+  std::vector<float> v_ = std::vector<float>(8, 2.0f);
+  int64_t n_ = 8;
 };
 
 // An op with one output tensor `out` (and the same tensor as input when `in`).
@@ -267,8 +276,6 @@ std::vector<uint64_t> LaneOrder(const Received& r, uint32_t lane) {
 }
 
 TEST_F(PendingCoreTest, HeldRecordsArriveCompleteAndInRecordOrder) {
-  FakeDaemon daemon(endpoint_);
-  ASSERT_TRUE(daemon.Start());
   TestDevice dev(16);
   auto core = StartCore(&dev);
   ASSERT_TRUE(core);
@@ -294,10 +301,10 @@ TEST_F(PendingCoreTest, HeldRecordsArriveCompleteAndInRecordOrder) {
   // everything recorded after it waits too.
   dev.RunStream(s2);
   EXPECT_EQ(core->Flush(100), OPGUARD_ERR_TIMEOUT);
-  EXPECT_EQ(daemon.Snapshot().records, 0u);
+  EXPECT_EQ(daemon_->Snapshot().records, 0u);
   dev.RunStream(s1);
   ASSERT_EQ(core->Flush(5000), OPGUARD_OK);
-  Received r = daemon.Snapshot();
+  Received r = daemon_->Snapshot();
   ASSERT_EQ(r.ops.size(), 4u);
   EXPECT_EQ(LaneOrder(r, 0), (std::vector<uint64_t>{0, 1, 2}));
   EXPECT_EQ(LaneOrder(r, 1), (std::vector<uint64_t>{0}));
@@ -317,8 +324,6 @@ TEST_F(PendingCoreTest, HeldRecordsArriveCompleteAndInRecordOrder) {
 }
 
 TEST_F(PendingCoreTest, FingerprintReadsTheOpResultBeforeTheAllocatorReusesTheMemory) {
-  FakeDaemon daemon(endpoint_);
-  ASSERT_TRUE(daemon.Start());
   TestDevice dev(4);
   auto core = StartCore(&dev);
   ASSERT_TRUE(core);
@@ -332,21 +337,19 @@ TEST_F(PendingCoreTest, FingerprintReadsTheOpResultBeforeTheAllocatorReusesTheMe
   ASSERT_EQ(RecordOp(*core, 0, OnDevice(*core, block, &n, s)), OPGUARD_OK);
   dev.RunStream(s);
   ASSERT_EQ(core->Flush(5000), OPGUARD_OK);
-  Received r = daemon.Snapshot();
+  Received r = daemon_->Snapshot();
   ASSERT_EQ(r.ops.size(), 2u);
   EXPECT_EQ(r.ops[0].out_lo, CpuFp(std::vector<float>(64, 1.5f)).digest.lo);
   EXPECT_EQ(r.ops[1].out_lo, CpuFp(std::vector<float>(64, -7.0f)).digest.lo);
 }
 
 TEST_F(PendingCoreTest, FailedFingerprintsBecomeGapsWithTheirReason) {
-  FakeDaemon daemon(endpoint_);
-  ASSERT_TRUE(daemon.Start());
   TestDevice dev(4);
   auto core = StartCore(&dev);
   ASSERT_TRUE(core);
   void* s = dev.Stream(0);
-  std::vector<float> v(8, 2.0f);
-  int64_t n = 8;
+  auto& v = v_;
+  int64_t& n = n_;
   dev.SetCapturing(s, true);
   ASSERT_EQ(RecordOp(*core, 0, OnDevice(*core, v, &n, s)), OPGUARD_OK);  // op 0
   dev.SetCapturing(s, false);
@@ -371,7 +374,7 @@ TEST_F(PendingCoreTest, FailedFingerprintsBecomeGapsWithTheirReason) {
   dev.FailNextResult("an illegal memory access was encountered");
   dev.RunStream(s);
   ASSERT_EQ(core->Flush(5000), OPGUARD_OK);
-  Received r = daemon.Snapshot();
+  Received r = daemon_->Snapshot();
   ASSERT_EQ(r.ops.size(), 1u);
   EXPECT_EQ(r.ops[0].op_index, 2u);
   EXPECT_TRUE(r.collectives.empty());
@@ -391,37 +394,33 @@ TEST_F(PendingCoreTest, FailedFingerprintsBecomeGapsWithTheirReason) {
 }
 
 TEST_F(PendingCoreTest, NoDeviceMeansGapsNotErrors) {
-  FakeDaemon daemon(endpoint_);
-  ASSERT_TRUE(daemon.Start());
   auto core = StartCore(nullptr);
   ASSERT_TRUE(core);
-  std::vector<float> v(8, 2.0f);
-  int64_t n = 8;
+  auto& v = v_;
+  int64_t& n = n_;
   for (int i = 0; i < 3; ++i) ASSERT_EQ(RecordOp(*core, 0, OnDevice(*core, v, &n, nullptr)), OPGUARD_OK);
   ASSERT_EQ(core->Flush(5000), OPGUARD_OK);
-  Received r = daemon.Snapshot();
+  Received r = daemon_->Snapshot();
   EXPECT_TRUE(r.ops.empty());
   ASSERT_EQ(r.gaps.size(), 3u);
   for (const auto& g : r.gaps) EXPECT_EQ(g.reason, "missing fingerprint: no CUDA device");
 }
 
 TEST_F(PendingCoreTest, DeviceLimitTurnsTheOverflowIntoAGapWithoutWaiting) {
-  FakeDaemon daemon(endpoint_);
-  ASSERT_TRUE(daemon.Start());
   config_.max_pending_fp = 2;
   TestDevice dev(2);
   auto core = StartCore(&dev);
   ASSERT_TRUE(core);
   void* s = dev.Stream(0);
-  std::vector<float> v(8, 2.0f);
-  int64_t n = 8;
+  auto& v = v_;
+  int64_t& n = n_;
   for (int i = 0; i < 3; ++i) ASSERT_EQ(RecordOp(*core, 0, OnDevice(*core, v, &n, s)), OPGUARD_OK);
   opguard_counters c = Counters(*core);
   EXPECT_EQ(c.fp_pending, 2u);
   EXPECT_EQ(c.fp_refused, 1u);
   dev.RunStream(s);
   ASSERT_EQ(core->Flush(5000), OPGUARD_OK);
-  Received r = daemon.Snapshot();
+  Received r = daemon_->Snapshot();
   EXPECT_EQ(LaneOrder(r, 0), (std::vector<uint64_t>{0, 1}));
   ASSERT_EQ(r.gaps.size(), 1u);
   EXPECT_EQ(r.gaps[0].first_op, 2u);
@@ -434,8 +433,6 @@ struct Released {
 };
 
 TEST_F(PendingCoreTest, HostBuffersAreFingerprintedOffTheCallingThread) {
-  FakeDaemon daemon(endpoint_);
-  ASSERT_TRUE(daemon.Start());
   auto core = StartCore(nullptr);
   ASSERT_TRUE(core);
   std::vector<float> v(4096);
@@ -454,7 +451,7 @@ TEST_F(PendingCoreTest, HostBuffersAreFingerprintedOffTheCallingThread) {
   opguard_tensor_set_pending(&t, handle);
   ASSERT_EQ(RecordOp(*core, 0, t), OPGUARD_OK);
   ASSERT_EQ(core->Flush(5000), OPGUARD_OK);
-  Received r = daemon.Snapshot();
+  Received r = daemon_->Snapshot();
   ASSERT_EQ(r.ops.size(), 1u);
   EXPECT_EQ(r.ops[0].out_lo, CpuFp(v).digest.lo);
   EXPECT_EQ(r.ops[0].out_hi, CpuFp(v).digest.hi);
@@ -462,8 +459,6 @@ TEST_F(PendingCoreTest, HostBuffersAreFingerprintedOffTheCallingThread) {
 }
 
 TEST_F(PendingCoreTest, HostLimitRefusesWithoutTakingTheBuffer) {
-  FakeDaemon daemon(endpoint_);
-  ASSERT_TRUE(daemon.Start());
   config_.max_pending_fp = 1;
   auto core = StartCore(nullptr);
   ASSERT_TRUE(core);
@@ -493,21 +488,19 @@ TEST_F(PendingCoreTest, HostLimitRefusesWithoutTakingTheBuffer) {
 }
 
 TEST_F(PendingCoreTest, ShutdownSendsWhatNeverResolvedAsGapsWithinItsDeadline) {
-  FakeDaemon daemon(endpoint_);
-  ASSERT_TRUE(daemon.Start());
   TestDevice dev(4);
   auto core = StartCore(&dev);
   ASSERT_TRUE(core);
   void* s = dev.Stream(0);
-  std::vector<float> v(8, 2.0f);
-  int64_t n = 8;
+  auto& v = v_;
+  int64_t& n = n_;
   ASSERT_EQ(RecordOp(*core, 3, Plain(1, &n)), OPGUARD_OK);
   ASSERT_EQ(RecordOp(*core, 3, OnDevice(*core, v, &n, s)), OPGUARD_OK);  // the stream never runs
   ASSERT_EQ(RecordOp(*core, 3, Plain(2, &n)), OPGUARD_OK);
   auto t0 = std::chrono::steady_clock::now();
   EXPECT_EQ(core->Shutdown(1000), OPGUARD_OK);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(2500));
-  Received r = daemon.Snapshot();
+  Received r = daemon_->Snapshot();
   EXPECT_EQ(LaneOrder(r, 3), (std::vector<uint64_t>{0, 2}));
   ASSERT_EQ(r.gaps.size(), 1u);
   EXPECT_EQ(r.gaps[0].first_op, 1u);
