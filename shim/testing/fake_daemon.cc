@@ -206,9 +206,6 @@ void FakeDaemon::Handle(const zmq::message_t& id, const zmq::message_t& msg, std
             if (c->outputs() != nullptr && c->outputs()->size() != 0) {
               r.out_lo = c->outputs()->Get(0)->fingerprint()->lo();
             }
-            if (c->inputs() != nullptr && c->inputs()->size() != 0) {
-              r.in_lo = c->inputs()->Get(0)->fingerprint()->lo();
-            }
             received_.collectives.push_back(r);
           }
         }

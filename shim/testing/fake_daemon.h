@@ -51,7 +51,6 @@ struct ReceivedCollective {
   uint8_t phase = 0;
   uint64_t op_index = 0;
   uint64_t out_lo = 0;
-  uint64_t in_lo = 0;
 };
 
 struct ReceivedGap {
