@@ -459,6 +459,8 @@ cudaError_t ResultCollector::Collect(const ResultSlot* device_slots, size_t coun
 
 bool ResultCollector::Ready() const { return cudaEventQuery(done_) == cudaSuccess; }
 
+cudaError_t ResultCollector::Query() const { return cudaEventQuery(done_); }
+
 cudaError_t ResultCollector::Wait() const { return cudaEventSynchronize(done_); }
 
 std::span<const ResultSlot> ResultCollector::results() const { return {host_, count_}; }

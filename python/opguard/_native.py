@@ -57,7 +57,8 @@ class Counters(ctypes.Structure):  # opguard_counters
             "records_enqueued", "records_dropped", "records_invalid", "records_sent",
             "records_acked", "records_rejected", "batches_sent", "batches_acked",
             "batches_resent", "batches_rejected", "gaps_reported", "ops_missing", "bytes_sent",
-            "buffered_bytes", "pending_batches")]
+            "buffered_bytes", "pending_batches", "fp_pending", "fp_resolved", "fp_failed",
+            "fp_refused", "records_held")]
 
 
 def _declare(lib, functions):

@@ -299,7 +299,111 @@ bool ValidFingerprintArgs(uint8_t dtype, const int64_t* shape, uint32_t ndim) {
   return (ndim == 0 || shape != nullptr) && ndim <= 64 && dtype != 0 &&
          dtype <= OPGUARD_DTYPE_COMPLEX128;
 }
+
+// Shape checks shared by the async calls: dims >= 0, data present unless
+// empty. Elements in *elements.
+bool ValidTensorArgs(const void* data, uint8_t dtype, const int64_t* shape, uint32_t ndim) {
+  if (!ValidFingerprintArgs(dtype, shape, ndim)) return false;
+  int64_t elements = 1;
+  for (uint32_t i = 0; i < ndim; ++i) {
+    if (shape[i] < 0) return false;
+    elements *= shape[i];
+  }
+  return elements == 0 || data != nullptr;
+}
+
+bool IsCContiguous(const int64_t* shape, const int64_t* strides, uint32_t ndim) {
+  if (strides == nullptr) return true;
+  int64_t expected = 1;
+  for (uint32_t i = ndim; i > 0; --i) {
+    if (shape[i - 1] != 1 && strides[i - 1] != expected) return false;
+    expected *= shape[i - 1];
+  }
+  return true;
+}
+
+void FillPendingOut(opguard_tensor* out, uint64_t handle, uint8_t dtype, const int64_t* shape,
+                    uint32_t ndim, int16_t device) {
+  *out = opguard_tensor{};
+  opguard_tensor_set_pending(out, handle);
+  out->shape = shape;
+  out->ndim = ndim;
+  out->dtype = dtype;
+  out->device = device;
+}
 }  // namespace
+
+OPGUARD_API int opguard_pending_begin(uint64_t* handle_out) {
+  return Guard("opguard_pending_begin", OPGUARD_ERR_DISABLED, [&] {
+    Core* core = Active();
+    if (core == nullptr) return OPGUARD_ERR_DISABLED;
+    if (handle_out == nullptr) return OPGUARD_ERR_INVALID;
+    return core->PendingBegin(handle_out);
+  });
+}
+
+OPGUARD_API int opguard_pending_resolve(uint64_t handle, const opguard_tensor* result) {
+  return Guard("opguard_pending_resolve", OPGUARD_ERR_DISABLED, [&] {
+    Core* core = Active();
+    if (core == nullptr) return OPGUARD_ERR_DISABLED;
+    if (result == nullptr) return OPGUARD_ERR_INVALID;
+    opguard::shim::FpResult r;
+    r.lo = result->fp_lo;
+    r.hi = result->fp_hi;
+    r.has_stats = result->has_stats == 1 ? 1 : 0;
+    r.stats = result->stats;
+    return core->PendingResolve(handle, r);
+  });
+}
+
+OPGUARD_API int opguard_pending_fail(uint64_t handle, const char* reason) {
+  return Guard("opguard_pending_fail", OPGUARD_ERR_DISABLED, [&] {
+    Core* core = Active();
+    if (core == nullptr) return OPGUARD_ERR_DISABLED;
+    return core->PendingFail(handle, opguard::shim::EmptyIfNull(reason));
+  });
+}
+
+OPGUARD_API int opguard_fingerprint_host_async(const void* data, uint8_t dtype,
+                                               const int64_t* shape, uint32_t ndim,
+                                               const int64_t* strides,
+                                               opguard_release_fn release,
+                                               void* release_context, opguard_tensor* out) {
+  return Guard("opguard_fingerprint_host_async", OPGUARD_ERR_DISABLED, [&] {
+    Core* core = Active();
+    if (core == nullptr) return OPGUARD_ERR_DISABLED;
+    if (out == nullptr || !ValidTensorArgs(data, dtype, shape, ndim)) return OPGUARD_ERR_INVALID;
+    opguard::shim::HostFingerprinter::Job job;
+    job.data = data;
+    job.dtype = dtype;
+    job.shape.assign(shape, shape + ndim);
+    if (strides != nullptr) job.strides.assign(strides, strides + ndim);
+    job.release = release;
+    job.release_context = release_context;
+    uint64_t handle = 0;
+    int rc = core->FingerprintHostAsync(std::move(job), &handle);
+    if (rc == OPGUARD_OK) FillPendingOut(out, handle, dtype, shape, ndim, -1);
+    return rc;
+  });
+}
+
+OPGUARD_API int opguard_fingerprint_device_async(const void* data, uint8_t dtype,
+                                                 const int64_t* shape, uint32_t ndim,
+                                                 const int64_t* strides, int device,
+                                                 void* stream, opguard_tensor* out) {
+  return Guard("opguard_fingerprint_device_async", OPGUARD_ERR_DISABLED, [&] {
+    Core* core = Active();
+    if (core == nullptr) return OPGUARD_ERR_DISABLED;
+    if (out == nullptr || device < 0 || device > INT16_MAX || !ValidTensorArgs(data, dtype, shape, ndim)) {
+      return OPGUARD_ERR_INVALID;
+    }
+    opguard_device_tensor t{data, shape, ndim, dtype, device};
+    uint64_t handle = 0;
+    int rc = core->FingerprintDeviceAsync(t, IsCContiguous(shape, strides, ndim), stream, &handle);
+    if (rc == OPGUARD_OK) FillPendingOut(out, handle, dtype, shape, ndim, static_cast<int16_t>(device));
+    return rc;
+  });
+}
 
 OPGUARD_API int opguard_fingerprint_host_sums(const void* data, uint8_t dtype,
                                               const int64_t* shape, uint32_t ndim,

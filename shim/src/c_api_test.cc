@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -133,6 +134,43 @@ TEST_F(ApiTest, ExitFlushDeliversEverything) {
   EXPECT_EQ(got.strings.at(opguard_intern("aten::add", 9)), "aten::add");
   for (const auto& op : got.ops) EXPECT_EQ(op.rank, 1u);
   EXPECT_EQ(r.err, "");  // nothing to say when all goes well
+}
+
+TEST_F(ApiTest, PendingFingerprintsAreSentWhenResolvedAndExitWaitsForThem) {
+  FakeDaemon daemon(endpoint_);
+  ASSERT_TRUE(daemon.Start());
+  // With a GPU (and the CUDA backend beside the library) the child's "device"
+  // pointer would reach a kernel; the device path there is checked by
+  // scripts/gpu-check.sh.
+  bool gpu = std::filesystem::exists("/dev/nvidiactl");
+  auto r = Run({"pending", gpu ? "0" : "1"}, Enabled({{"OPGUARD_BATCH_INTERVAL_MS", "60000"}}));
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out["api"], "3");
+  EXPECT_EQ(r.out["host_rc"], "0");
+  EXPECT_EQ(r.out["host_pending"], "1");
+  EXPECT_EQ(r.out["record_rc"], "0");
+  EXPECT_EQ(r.out["begin_rc"], "0");
+  EXPECT_EQ(r.out["record2_rc"], "0");
+  EXPECT_EQ(r.out["resolve_rc"], "0");
+  Received got = daemon.Snapshot();
+  ASSERT_GE(got.ops.size(), 2u);
+  EXPECT_EQ(got.ops[0].op_index, 0u);
+  EXPECT_EQ(std::to_string(got.ops[0].out_lo), r.out["expect_lo"]);
+  EXPECT_EQ(got.ops[1].op_index, 1u);
+  EXPECT_EQ(got.ops[1].out_lo, 4242u);
+  EXPECT_EQ(got.ops[1].out_hi, 4343u);
+  EXPECT_EQ(got.end_of_run, 1u);
+  if (!gpu) {
+    EXPECT_EQ(r.out["device_rc"], "0");
+    EXPECT_EQ(r.out["record3_rc"], "0");
+    EXPECT_EQ(got.ops.size(), 2u);
+    ASSERT_EQ(got.gaps.size(), 1u);
+    EXPECT_EQ(got.gaps[0].first_op, 2u);
+    EXPECT_EQ(got.gaps[0].reason, "missing fingerprint: no CUDA device");
+    // One line says why, once.
+    EXPECT_NE(r.err.find("no CUDA device fingerprints"), std::string::npos) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  }
 }
 
 TEST_F(ApiTest, ForkedChildIsDisabledAndParentCarriesOn) {

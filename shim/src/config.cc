@@ -198,6 +198,7 @@ Result<Config> ParseConfig(const EnvLookup& env, LogLevel* log_level_out) {
   uint64_t buffer_mb = c.buffer_bytes >> 20;
   OPGUARD_RETURN_IF_ERROR(ReadUint(env, "OPGUARD_BUFFER_MB", 1, 65536, &buffer_mb));
   c.buffer_bytes = buffer_mb << 20;
+  OPGUARD_RETURN_IF_ERROR(ReadUint(env, "OPGUARD_MAX_PENDING_FP", 1, 1000000, &c.max_pending_fp));
   OPGUARD_RETURN_IF_ERROR(ReadUint(env, "OPGUARD_ACK_TIMEOUT_MS", 10, 600000, &c.ack_timeout_ms));
   OPGUARD_RETURN_IF_ERROR(ReadUint(env, "OPGUARD_MAX_IN_FLIGHT", 1, 1000, &c.max_in_flight));
   OPGUARD_RETURN_IF_ERROR(ReadUint(env, "OPGUARD_FLUSH_TIMEOUT_MS", 0, 600000, &c.flush_timeout_ms));

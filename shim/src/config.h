@@ -30,6 +30,7 @@ struct Config {
   uint32_t max_in_flight = 64;        // batches sent and not yet acknowledged, at most
   uint32_t flush_timeout_ms = 5000;
   uint32_t max_source_bytes = 1024u << 10;
+  uint32_t max_pending_fp = 4096;     // unresolved pending fingerprints at most
   LogLevel log_level = LogLevel::kInfo;
 };
 

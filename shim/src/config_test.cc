@@ -192,6 +192,7 @@ TEST(ShimConfig, TuningVariables) {
       {"OPGUARD_MAX_IN_FLIGHT", {"1", "1000"}, {"0", "1001", "-1", "8 ", "0x10", "", "many"}},
       {"OPGUARD_FLUSH_TIMEOUT_MS", {"0", "600000"}, {"600001", "-1", "5s"}},
       {"OPGUARD_MAX_SOURCE_KB", {"0", "65536"}, {"65537", "big"}},
+      {"OPGUARD_MAX_PENDING_FP", {"1", "1000000"}, {"0", "1000001", "lots"}},
       {"OPGUARD_LOG_LEVEL", {"debug", "info", "warn", "error", "off"}, {"loud", "INFO", ""}},
   };
   for (const auto& tc : cases) {
@@ -205,7 +206,8 @@ TEST(ShimConfig, TuningVariables) {
                   {"OPGUARD_BATCH_INTERVAL_MS", "8"}, {"OPGUARD_BUFFER_MB", "9"},
                   {"OPGUARD_ACK_TIMEOUT_MS", "100"}, {"OPGUARD_MAX_IN_FLIGHT", "5"},
                   {"OPGUARD_FLUSH_TIMEOUT_MS", "0"},
-                  {"OPGUARD_MAX_SOURCE_KB", "2"}, {"OPGUARD_LOG_LEVEL", "debug"}});
+                  {"OPGUARD_MAX_SOURCE_KB", "2"}, {"OPGUARD_MAX_PENDING_FP", "3"},
+                  {"OPGUARD_LOG_LEVEL", "debug"}});
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(c->batch_records, 7u);
   EXPECT_EQ(c->batch_interval_ms, 8u);
@@ -214,6 +216,7 @@ TEST(ShimConfig, TuningVariables) {
   EXPECT_EQ(c->max_in_flight, 5u);
   EXPECT_EQ(c->flush_timeout_ms, 0u);
   EXPECT_EQ(c->max_source_bytes, 2048u);
+  EXPECT_EQ(c->max_pending_fp, 3u);
   EXPECT_EQ(c->log_level, LogLevel::kDebug);
 }
 

@@ -430,8 +430,9 @@ std::vector<EncodedBatch> BatchEncoder::Encode(const uint8_t* data, size_t size,
       }
       case EntryKind::kCollectiveGap: {
         CollectiveGapFixed g;
-        if (r.Get(&g)) {
-          auto rs = fbb.CreateString("shim buffer full");
+        std::string_view reason;
+        if (r.Get(&g) && r.GetBytes(g.reason_len, &reason)) {
+          auto rs = fbb.CreateString(reason.empty() ? std::string_view("shim buffer full") : reason);
           w::GapNoticeBuilder gb(fbb);
           gb.add_records_dropped(g.count);
           gb.add_reason(rs);

@@ -109,6 +109,8 @@ Core::Core(const Config& config)
     : config_(config),
       session_(RandomSession()),
       lanes_(new LaneState[kMaxLanes]),
+      pending_(config.max_pending_fp, config.max_pending_fp),
+      host_fp_(std::make_unique<HostFingerprinter>(static_cast<FpSink&>(*this))),
       ctx_(std::make_unique<zmq::context_t>(1)),
       encoder_(BatchIdentity{config.run, config.rank, session_}, config.batch_records,
                config.max_source_bytes),
@@ -138,8 +140,9 @@ Core::Core(const Config& config)
   ack_timeout_now_ms_.store(config.ack_timeout_ms, std::memory_order_relaxed);
 }
 
-Result<std::unique_ptr<Core>> Core::Start(const Config& config) {
+Result<std::unique_ptr<Core>> Core::Start(const Config& config, DeviceLoader load_device) {
   std::unique_ptr<Core> core(new Core(config));
+  core->load_device_ = load_device ? std::move(load_device) : DeviceLoader(LoadCudaBackend);
   OPGUARD_RETURN_IF_ERROR(core->StartSender());
   return core;
 }
@@ -171,6 +174,9 @@ Core::~Core() {
     std::unique_lock<std::mutex> lock(wait_mu_);
     wait_cv_.wait(lock, [&] { return sender_done_; });
   }
+  // The fingerprint thread reports into this object (and may wake the
+  // sender): stopped while all of it is still alive.
+  host_fp_.reset();
   if (wake_fd_ >= 0) ::close(wake_fd_);
 }
 
@@ -194,10 +200,7 @@ void Core::Wake() {
 
 uint8_t* Core::ReserveLocked(EntryKind kind, size_t bytes, bool subject_to_cap) {
   size_t total = sizeof(EntryHeader) + bytes;
-  if (subject_to_cap &&
-      staged_bytes_ + unacked_bytes_.load(std::memory_order_relaxed) + total > config_.buffer_bytes) {
-    return nullptr;
-  }
+  if (subject_to_cap && BufferedLocked() + total > config_.buffer_bytes) return nullptr;
   uint8_t* p = staging_.Append(total);
   if (p == nullptr) return nullptr;
   EntryHeader h{};
@@ -208,35 +211,75 @@ uint8_t* Core::ReserveLocked(EntryKind kind, size_t bytes, bool subject_to_cap) 
   return p + sizeof(EntryHeader);
 }
 
-void Core::NoteRecordLocked() {
-  ++records_enqueued_;
+uint8_t* Core::ReserveOrderedLocked(EntryKind kind, size_t bytes, bool hold) {
+  if (!hold && held_.empty()) return ReserveLocked(kind, bytes, /*subject_to_cap=*/false);
+  size_t total = sizeof(EntryHeader) + bytes;
+  Held& h = held_.emplace_back();
+  h.bytes.resize(total);
+  h.record = kind == EntryKind::kOp || kind == EntryKind::kCollective;
+  EntryHeader header{};
+  header.size = static_cast<uint32_t>(total);
+  header.kind = kind;
+  std::memcpy(h.bytes.data(), &header, sizeof(header));
+  held_bytes_ += total;
+  ++held_pushed_;
+  if (h.record) ++held_records_;
+  return h.bytes.data() + sizeof(EntryHeader);
+}
+
+uint64_t Core::BufferedLocked() const {
+  return staged_bytes_ + held_bytes_ + unacked_bytes_.load(std::memory_order_relaxed);
+}
+
+void Core::CountStagedRecordLocked() {
   uint32_t n = staged_records_.fetch_add(1, std::memory_order_relaxed) + 1;
   if (n == config_.batch_records) Wake();
 }
 
-void Core::EmitGapLocked(uint32_t lane, LaneState& ls, std::string_view reason) {
-  size_t bytes = sizeof(GapFixed) + Pad8(reason.size());
-  uint8_t* p = ReserveLocked(EntryKind::kGap, bytes, /*subject_to_cap=*/false);
-  if (p == nullptr) return;  // out of memory: the range stays open and is retried
-  EntryWriter w(p);
+// A gap entry's bytes (header included) for `lane` first..last.
+std::vector<uint8_t> Core::GapEntry(uint32_t lane, uint64_t first, uint64_t last, uint64_t count,
+                                    std::string_view reason) {
+  std::vector<uint8_t> bytes(sizeof(EntryHeader) + sizeof(GapFixed) + Pad8(reason.size()));
+  EntryHeader header{};
+  header.size = static_cast<uint32_t>(bytes.size());
+  header.kind = EntryKind::kGap;
+  EntryWriter w(bytes.data());
+  w.Put(header);
   GapFixed g{};
-  g.first_op = ls.gap_first;
-  g.last_op = ls.gap_last;
-  g.count = ls.gap_count;
+  g.first_op = first;
+  g.last_op = last;
+  g.count = count;
   g.lane = lane;
   g.reason_len = static_cast<uint32_t>(reason.size());
   w.Put(g);
   w.PutBytes(reason.data(), reason.size());
-  ls.gap_open = false;
-  ++gaps_reported_;
-  ops_missing_ += ls.gap_last - ls.gap_first + 1;
+  return bytes;
 }
 
-void Core::EmitCollGapLocked(uint64_t comm, const CollGap& cg) {
-  uint8_t* p = ReserveLocked(EntryKind::kCollectiveGap, sizeof(CollectiveGapFixed), false);
-  if (p == nullptr) return;
+bool Core::EmitOpGapLocked(uint32_t lane, uint64_t first, uint64_t last, uint64_t count,
+                           std::string_view reason) {
+  std::vector<uint8_t> gap = GapEntry(lane, first, last, count, reason);
+  uint8_t* p = ReserveOrderedLocked(EntryKind::kGap, gap.size() - sizeof(EntryHeader), /*hold=*/false);
+  if (p == nullptr) return false;  // out of memory
+  std::memcpy(p, gap.data() + sizeof(EntryHeader), gap.size() - sizeof(EntryHeader));
+  ++gaps_reported_;
+  ops_missing_ += last - first + 1;
+  return true;
+}
+
+void Core::EmitGapLocked(uint32_t lane, LaneState& ls, std::string_view reason) {
+  // Out of memory: the range stays open and is retried.
+  if (EmitOpGapLocked(lane, ls.gap_first, ls.gap_last, ls.gap_count, reason)) ls.gap_open = false;
+}
+
+void Core::EmitCollGapLocked(uint64_t comm, uint64_t first, uint64_t last, uint64_t count,
+                             std::string_view reason) {
+  uint8_t* p = ReserveOrderedLocked(EntryKind::kCollectiveGap,
+                                    sizeof(CollectiveGapFixed) + Pad8(reason.size()), false);
+  if (p == nullptr) return;  // out of memory
   EntryWriter w(p);
-  w.Put(CollectiveGapFixed{comm, cg.first, cg.last, cg.count});
+  w.Put(CollectiveGapFixed{comm, first, last, count, static_cast<uint32_t>(reason.size()), 0});
+  w.PutBytes(reason.data(), reason.size());
   ++gaps_reported_;
 }
 
@@ -246,8 +289,114 @@ void Core::CloseOpenGapsLocked() {
     if (ls.gap_open) EmitGapLocked(lane, ls, "shim buffer full");
   }
   lanes_with_gap_.clear();
-  for (const auto& [comm, cg] : coll_gaps_) EmitCollGapLocked(comm, cg);
+  for (const auto& [comm, cg] : coll_gaps_) EmitCollGapLocked(comm, cg.first, cg.last, cg.count, {});
   coll_gaps_.clear();
+}
+
+void Core::CheckMarkersLocked(const opguard_tensor* tensors, uint32_t n, bool* hold,
+                              std::string* missing) {
+  for (uint32_t i = 0; i < n; ++i) {
+    if (!IsPendingMarker(tensors[i])) continue;
+    PendingTable::Entry* e = pending_.Find(tensors[i].fp_lo);
+    if (e == nullptr) {
+      if (missing->empty()) *missing = "unknown handle";
+    } else if (e->state == PendingTable::State::kFailed) {
+      if (missing->empty()) *missing = e->reason;
+    } else if (e->state == PendingTable::State::kPending) {
+      *hold = true;
+    }
+  }
+}
+
+void Core::PutTensorLocked(EntryWriter& w, const opguard_tensor& t, const uint8_t* entry,
+                           std::vector<Held::Ref>* refs) {
+  if (!IsPendingMarker(t)) {
+    PutTensor(w, t);
+    return;
+  }
+  PendingTable::Entry* e = pending_.Find(t.fp_lo);  // known: CheckMarkersLocked ran
+  opguard_tensor resolved = t;
+  if (e != nullptr && e->state == PendingTable::State::kResolved) {
+    resolved.fp_lo = e->result.lo;
+    resolved.fp_hi = e->result.hi;
+    resolved.has_stats = e->result.has_stats;
+    resolved.stats = e->result.stats;
+  } else if (e != nullptr && refs != nullptr) {
+    pending_.AddRef(e);
+    refs->push_back(Held::Ref{static_cast<uint32_t>(w.pos() - entry), t.fp_lo});
+    resolved.has_stats = 0;  // filled in at release
+  }
+  PutTensor(w, resolved);
+}
+
+void Core::ReleaseHeldLocked() {
+  while (!held_.empty()) {
+    Held& h = held_.front();
+    std::string_view failed;
+    for (const Held::Ref& ref : h.refs) {
+      const PendingTable::Entry* e = pending_.Peek(ref.handle);  // referenced: never erased
+      if (e->state == PendingTable::State::kPending) return;
+      if (e->state == PendingTable::State::kFailed && failed.empty()) failed = e->reason;
+    }
+    std::vector<uint8_t> bytes;
+    if (!failed.empty()) {
+      // A fingerprint that could not be taken: the record is sent as a gap
+      // for its op index (or collective sequence number), not with wrong bits.
+      std::string reason = "missing fingerprint: " + std::string(failed);
+      EntryHeader header;
+      std::memcpy(&header, h.bytes.data(), sizeof(header));
+      if (header.kind == EntryKind::kOp) {
+        OpFixed f;
+        std::memcpy(&f, h.bytes.data() + sizeof(header), sizeof(f));
+        bytes = GapEntry(f.lane, f.op_index, f.op_index, 1, reason);
+        ++ops_missing_;
+      } else {
+        CollectiveFixed f;
+        std::memcpy(&f, h.bytes.data() + sizeof(header), sizeof(f));
+        bytes.resize(sizeof(EntryHeader) + sizeof(CollectiveGapFixed) + Pad8(reason.size()));
+        header.size = static_cast<uint32_t>(bytes.size());
+        header.kind = EntryKind::kCollectiveGap;
+        EntryWriter w(bytes.data());
+        w.Put(header);
+        w.Put(CollectiveGapFixed{f.communicator, f.seq, f.seq, 1, static_cast<uint32_t>(reason.size()), 0});
+        w.PutBytes(reason.data(), reason.size());
+      }
+      ++gaps_reported_;
+    } else {
+      for (const Held::Ref& ref : h.refs) {
+        const PendingTable::Entry* e = pending_.Peek(ref.handle);
+        TensorFixed tf;
+        std::memcpy(&tf, h.bytes.data() + ref.offset, sizeof(tf));
+        tf.lo = e->result.lo;
+        tf.hi = e->result.hi;
+        tf.has_stats = e->result.has_stats != 0 ? 1 : 0;
+        tf.stats = tf.has_stats != 0 ? e->result.stats : opguard_tensor_stats{};
+        std::memcpy(h.bytes.data() + ref.offset, &tf, sizeof(tf));
+      }
+    }
+    const std::vector<uint8_t>& out = failed.empty() ? h.bytes : bytes;
+    uint8_t* p = staging_.Append(out.size());
+    if (p == nullptr) return;  // out of memory: stays held, retried on the next release
+    std::memcpy(p, out.data(), out.size());
+    staged_bytes_ += out.size();
+    held_bytes_ -= h.bytes.size();
+    if (h.record) {
+      --held_records_;
+      if (failed.empty()) CountStagedRecordLocked();
+    }
+    for (const Held::Ref& ref : h.refs) pending_.Unref(ref.handle);
+    held_.pop_front();
+    ++held_released_;
+  }
+}
+
+void Core::FailAllPendingLocked(std::string_view reason) {
+  handle_scratch_.clear();
+  for (const Held& h : held_) {
+    for (const Held::Ref& ref : h.refs) handle_scratch_.push_back(ref.handle);
+  }
+  for (uint64_t handle : handle_scratch_) pending_.Fail(handle, reason);
+  ReleaseHeldLocked();
 }
 
 int Core::RecordOp(const opguard_op& in, uint64_t* op_index_out) {
@@ -258,6 +407,7 @@ int Core::RecordOp(const opguard_op& in, uint64_t* op_index_out) {
             (op.num_outputs == 0 || op.outputs != nullptr) &&
             (op.num_kernels == 0 || op.kernels != nullptr);
   size_t bytes = sizeof(OpFixed) + size_t{op.num_kernels} * 8;
+  bool has_markers = false;
   for (uint32_t i = 0; ok && i < op.num_inputs; ++i) {
     const opguard_value& v = op.inputs[i];
     bytes += sizeof(ValueFixed);
@@ -268,12 +418,14 @@ int Core::RecordOp(const opguard_op& in, uint64_t* op_index_out) {
       case OPGUARD_VALUE_TENSOR:
         ok = ValidTensor(v.tensor);
         bytes += TensorBytes(v.tensor);
+        has_markers = has_markers || IsPendingMarker(v.tensor);
         break;
       case OPGUARD_VALUE_TENSOR_LIST:
         ok = v.num_tensors == 0 || v.tensors != nullptr;
         for (uint32_t j = 0; ok && j < v.num_tensors; ++j) {
           ok = ValidTensor(v.tensors[j]);
           bytes += TensorBytes(v.tensors[j]);
+          has_markers = has_markers || IsPendingMarker(v.tensors[j]);
         }
         break;
       default:
@@ -283,6 +435,7 @@ int Core::RecordOp(const opguard_op& in, uint64_t* op_index_out) {
   for (uint32_t i = 0; ok && i < op.num_outputs; ++i) {
     ok = ValidTensor(op.outputs[i]);
     bytes += TensorBytes(op.outputs[i]);
+    has_markers = has_markers || IsPendingMarker(op.outputs[i]);
   }
   uint64_t start_ns = op.start_ns != 0 ? op.start_ns : CoarseWallNs();
 
@@ -302,11 +455,25 @@ int Core::RecordOp(const opguard_op& in, uint64_t* op_index_out) {
   }
   ls.next_op = index + 1;
   if (op_index_out != nullptr) *op_index_out = index;
-  bool room = staged_bytes_ + unacked_bytes_.load(std::memory_order_relaxed) + bytes +
-                  sizeof(EntryHeader) <=
-              config_.buffer_bytes;
+  bool hold = false;
+  std::string missing;
+  if (has_markers) {
+    for (uint32_t i = 0; i < op.num_inputs; ++i) {
+      const opguard_value& v = op.inputs[i];
+      if (v.kind == OPGUARD_VALUE_TENSOR) CheckMarkersLocked(&v.tensor, 1, &hold, &missing);
+      if (v.kind == OPGUARD_VALUE_TENSOR_LIST) CheckMarkersLocked(v.tensors, v.num_tensors, &hold, &missing);
+    }
+    CheckMarkersLocked(op.outputs, op.num_outputs, &hold, &missing);
+  }
+  bool room = BufferedLocked() + bytes + sizeof(EntryHeader) <= config_.buffer_bytes;
   if (room && ls.gap_open) EmitGapLocked(op.lane, ls, "shim buffer full");
-  uint8_t* p = room ? ReserveLocked(EntryKind::kOp, bytes, /*subject_to_cap=*/false) : nullptr;
+  if (room && !missing.empty()) {
+    // A fingerprint that could not be taken: the op is missing, not wrong.
+    EmitOpGapLocked(op.lane, index, index, 1, "missing fingerprint: " + missing);
+    return OPGUARD_OK;
+  }
+  const bool to_held = hold || !held_.empty();
+  uint8_t* p = room ? ReserveOrderedLocked(EntryKind::kOp, bytes, hold) : nullptr;
   if (p == nullptr) {
     ++records_dropped_;
     if (!ls.gap_open) {
@@ -319,6 +486,8 @@ int Core::RecordOp(const opguard_op& in, uint64_t* op_index_out) {
     ++ls.gap_count;
     return OPGUARD_ERR_DROPPED;
   }
+  const uint8_t* entry = p - sizeof(EntryHeader);
+  std::vector<Held::Ref>* refs = to_held ? &held_.back().refs : nullptr;
   EntryWriter w(p);
   OpFixed f{};
   f.op_index = index;
@@ -345,14 +514,15 @@ int Core::RecordOp(const opguard_op& in, uint64_t* op_index_out) {
                                                            : 0;
     vf.scalar_bits = v.kind == OPGUARD_VALUE_SCALAR ? v.scalar_bits : 0;
     w.Put(vf);
-    if (v.kind == OPGUARD_VALUE_TENSOR) PutTensor(w, v.tensor);
+    if (v.kind == OPGUARD_VALUE_TENSOR) PutTensorLocked(w, v.tensor, entry, refs);
     if (v.kind == OPGUARD_VALUE_TENSOR_LIST) {
-      for (uint32_t j = 0; j < v.num_tensors; ++j) PutTensor(w, v.tensors[j]);
+      for (uint32_t j = 0; j < v.num_tensors; ++j) PutTensorLocked(w, v.tensors[j], entry, refs);
     }
   }
-  for (uint32_t i = 0; i < op.num_outputs; ++i) PutTensor(w, op.outputs[i]);
+  for (uint32_t i = 0; i < op.num_outputs; ++i) PutTensorLocked(w, op.outputs[i], entry, refs);
   if (op.num_kernels != 0) std::memcpy(w.pos(), op.kernels, size_t{op.num_kernels} * 8);
-  NoteRecordLocked();
+  ++records_enqueued_;
+  if (!to_held) CountStagedRecordLocked();
   return OPGUARD_OK;
 }
 
@@ -386,16 +556,23 @@ int Core::RecordCollective(const opguard_collective& in, uint64_t* seq_out) {
   if (seq_out != nullptr) *seq_out = seq;
   uint64_t op_index = c.op_index == OPGUARD_AUTO ? lanes_[c.lane].next_op : c.op_index;
   uint64_t step = c.step == OPGUARD_AUTO ? current_step_ : c.step;
+  bool hold = false;
+  std::string missing;
+  CheckMarkersLocked(c.inputs, c.num_inputs, &hold, &missing);
+  CheckMarkersLocked(c.outputs, c.num_outputs, &hold, &missing);
 
-  bool room = staged_bytes_ + unacked_bytes_.load(std::memory_order_relaxed) + bytes +
-                  sizeof(EntryHeader) <=
-              config_.buffer_bytes;
+  bool room = BufferedLocked() + bytes + sizeof(EntryHeader) <= config_.buffer_bytes;
   auto gap = coll_gaps_.find(c.communicator);
   if (room && gap != coll_gaps_.end()) {
-    EmitCollGapLocked(gap->first, gap->second);
+    EmitCollGapLocked(gap->first, gap->second.first, gap->second.last, gap->second.count, {});
     coll_gaps_.erase(gap);
   }
-  uint8_t* p = room ? ReserveLocked(EntryKind::kCollective, bytes, false) : nullptr;
+  if (room && !missing.empty()) {
+    EmitCollGapLocked(c.communicator, seq, seq, 1, "missing fingerprint: " + missing);
+    return OPGUARD_OK;
+  }
+  const bool to_held = hold || !held_.empty();
+  uint8_t* p = room ? ReserveOrderedLocked(EntryKind::kCollective, bytes, hold) : nullptr;
   if (p == nullptr) {
     ++records_dropped_;
     auto [it, fresh] = coll_gaps_.try_emplace(c.communicator, CollGap{seq, seq, 0});
@@ -405,6 +582,8 @@ int Core::RecordCollective(const opguard_collective& in, uint64_t* seq_out) {
     (void)fresh;
     return OPGUARD_ERR_DROPPED;
   }
+  const uint8_t* entry = p - sizeof(EntryHeader);
+  std::vector<Held::Ref>* refs = to_held ? &held_.back().refs : nullptr;
   EntryWriter w(p);
   CollectiveFixed f{};
   f.communicator = c.communicator;
@@ -423,9 +602,10 @@ int Core::RecordCollective(const opguard_collective& in, uint64_t* seq_out) {
   f.num_inputs = c.num_inputs;
   f.num_outputs = c.num_outputs;
   w.Put(f);
-  for (uint32_t i = 0; i < c.num_inputs; ++i) PutTensor(w, c.inputs[i]);
-  for (uint32_t i = 0; i < c.num_outputs; ++i) PutTensor(w, c.outputs[i]);
-  NoteRecordLocked();
+  for (uint32_t i = 0; i < c.num_inputs; ++i) PutTensorLocked(w, c.inputs[i], entry, refs);
+  for (uint32_t i = 0; i < c.num_outputs; ++i) PutTensorLocked(w, c.outputs[i], entry, refs);
+  ++records_enqueued_;
+  if (!to_held) CountStagedRecordLocked();
   return OPGUARD_OK;
 }
 
@@ -520,7 +700,7 @@ int Core::MarkStep(uint32_t lane, uint64_t step) {
   uint64_t now = WallNs();
   std::lock_guard<std::mutex> lock(mu_);
   current_step_ = step;
-  uint8_t* p = ReserveLocked(EntryKind::kStep, sizeof(StepFixed), false);
+  uint8_t* p = ReserveOrderedLocked(EntryKind::kStep, sizeof(StepFixed), false);
   if (p == nullptr) return OPGUARD_ERR_DROPPED;
   EntryWriter w(p);
   w.Put(StepFixed{step, lanes_[lane].next_op, now, lane, 0});
@@ -592,7 +772,12 @@ void Core::GetCounters(opguard_counters* out) {
     c.records_invalid = records_invalid_;
     c.gaps_reported = gaps_reported_;
     c.ops_missing = ops_missing_;
-    c.buffered_bytes = staged_bytes_ + unacked_bytes_.load();
+    c.buffered_bytes = BufferedLocked();
+    c.fp_pending = pending_.pending();
+    c.fp_resolved = pending_.resolved();
+    c.fp_failed = pending_.failed();
+    c.fp_refused = fp_refused_;
+    c.records_held = held_records_;
   }
   c.records_sent = records_sent_.load();
   c.records_acked = records_acked_.load();
@@ -607,6 +792,88 @@ void Core::GetCounters(opguard_counters* out) {
   uint32_t caller_size = out->struct_size;
   std::memcpy(out, &c, n);
   out->struct_size = caller_size;
+}
+
+// ---------------------------------------------------------------------------
+// Pending fingerprints
+
+int Core::PendingBegin(uint64_t* handle_out) {
+  if (!accepting()) return OPGUARD_ERR_DISABLED;
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t h = pending_.Begin();
+  if (h == 0) {
+    ++fp_refused_;
+    return OPGUARD_ERR_DROPPED;
+  }
+  *handle_out = h;
+  return OPGUARD_OK;
+}
+
+int Core::PendingResolve(uint64_t handle, const FpResult& result) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!pending_.Resolve(handle, result)) return OPGUARD_ERR_INVALID;
+  ReleaseHeldLocked();
+  return OPGUARD_OK;
+}
+
+int Core::PendingFail(uint64_t handle, std::string_view reason) {
+  // The reason goes into a gap notice: the daemon refuses text that is not UTF-8.
+  if (reason.empty() || !IsValidUtf8(reason)) reason = "failed";
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!pending_.Fail(handle, reason.substr(0, 200))) return OPGUARD_ERR_INVALID;
+  ReleaseHeldLocked();
+  return OPGUARD_OK;
+}
+
+int Core::FingerprintHostAsync(HostFingerprinter::Job job, uint64_t* handle_out) {
+  int rc = PendingBegin(&job.handle);
+  if (rc != OPGUARD_OK) return rc;
+  uint64_t handle = job.handle;
+  if (!host_fp_->Submit(std::move(job))) {
+    // No worker thread: give the handle back as failed; nothing was taken.
+    (void)PendingFail(handle, "no fingerprint thread");
+    return OPGUARD_ERR_DROPPED;
+  }
+  *handle_out = handle;
+  return OPGUARD_OK;
+}
+
+int Core::FingerprintDeviceAsync(const opguard_device_tensor& t, bool contiguous, void* stream,
+                                 uint64_t* handle_out) {
+  if (!accepting()) return OPGUARD_ERR_DISABLED;
+  uint64_t handle = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    handle = pending_.Begin();
+    if (handle == 0) {
+      // At the limit the record becomes a gap: a handle that is failed at
+      // once (it waits for nothing, so it is outside the limit).
+      ++fp_refused_;
+      *handle_out = pending_.BeginFailed("pending fingerprint limit");
+      return OPGUARD_OK;
+    }
+  }
+  *handle_out = handle;
+  std::call_once(device_once_, [&] {
+    std::string why;
+    device_fp_ = load_device_(config_.max_pending_fp, &why);
+    if (device_fp_ == nullptr) {
+      OPGUARD_LOG(LogLevel::kWarn, "no CUDA device fingerprints (" + why +
+                                       "); records of device tensors become gaps");
+    }
+    device_ready_.store(device_fp_.get(), std::memory_order_release);
+  });
+  DeviceFingerprinter* device = device_ready_.load(std::memory_order_acquire);
+  std::string why;
+  if (device == nullptr) {
+    why = "no CUDA device";
+  } else if (!contiguous) {
+    why = "non-contiguous device tensor";
+  } else {
+    why = device->Launch(handle, t, stream);
+  }
+  if (!why.empty()) (void)PendingFail(handle, why);
+  return OPGUARD_OK;
 }
 
 // ---------------------------------------------------------------------------
@@ -655,6 +922,21 @@ int Core::Shutdown(uint32_t timeout_ms) {
 
 // ---------------------------------------------------------------------------
 // Sender thread
+
+bool Core::HarvestDevice() {
+  DeviceFingerprinter* device = device_ready_.load(std::memory_order_acquire);
+  return device != nullptr && device->Harvest(*this) > 0;
+}
+
+uint64_t Core::HeldPushed() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return held_pushed_;
+}
+
+bool Core::HeldReleasedUpTo(uint64_t target) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return held_released_ >= target;
+}
 
 void Core::SenderMain() {
   pthread_setname_np(pthread_self(), "opguard-send");
@@ -883,6 +1165,11 @@ void Core::SenderLoop() {
   uint64_t flush_target_seq = 0;  // batches below this settle the handled flush
   bool stopping = false;
   Clock::time_point stop_deadline{};
+  bool waiting_on_fps = false;  // device results in flight, or a flush/stop waits for held records
+  uint64_t flush_hold_gen = 0, flush_hold_target = 0;
+  bool stop_draining = false;
+  uint64_t stop_hold_target = 0;
+  Clock::time_point stop_drain_until{};
 
   while (true) {
     auto now = Clock::now();
@@ -902,6 +1189,9 @@ void Core::SenderLoop() {
       wait = std::min<Clock::duration>(wait, resend_at - now);
     }
     if (stopping) wait = std::min<Clock::duration>(wait, stop_deadline - now);
+    // Pending fingerprints are polled (device events) or waited for
+    // (released by the host fingerprint thread) every millisecond.
+    if (waiting_on_fps) wait = std::min<Clock::duration>(wait, milliseconds(1));
     long wait_ms = std::max<long>(0, std::chrono::duration_cast<milliseconds>(wait).count());
     // Round up: waking a fraction of a millisecond early only spins.
     if (wait > milliseconds(wait_ms)) ++wait_ms;
@@ -929,19 +1219,47 @@ void Core::SenderLoop() {
     {
       std::lock_guard<std::mutex> lock(wait_mu_);
       flush_gen = flush_requested_;
-      if (stop_requested_ && !stopping) {
+      if (stop_requested_ && !stopping && !stop_draining) {
         stop_now = true;
         stop_deadline = stop_deadline_;
       }
     }
+    // Records held for pending fingerprints: a flush covers those recorded
+    // before it, so it waits (within its deadline) until they are released;
+    // a stop gives them half its time, then sends them as gaps.
+    waiting_on_fps = HarvestDevice();
+    bool flush_ready = false;
+    if (flush_gen > flush_gen_handled) {
+      if (flush_hold_gen != flush_gen) {
+        flush_hold_gen = flush_gen;
+        flush_hold_target = HeldPushed();
+      }
+      flush_ready = HeldReleasedUpTo(flush_hold_target);
+      waiting_on_fps = waiting_on_fps || !flush_ready;
+    }
     if (stop_now) {
+      stop_draining = true;
+      stop_hold_target = HeldPushed();
+      stop_drain_until = now + (stop_deadline - now) / 2;
+    }
+    if (stop_draining && (HeldReleasedUpTo(stop_hold_target) || now >= stop_drain_until)) {
+      stop_draining = false;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        FailAllPendingLocked("shutdown before the fingerprint was ready");
+      }
       stopping = true;
       CutAndEncode(/*end_of_run=*/true);
       next_cut = now + interval;
-    } else if (!stopping && flush_gen > flush_gen_handled) {
+    } else if (stop_draining) {
+      waiting_on_fps = true;
+    }
+    if (stopping || stop_draining) {
+      // Nothing new to cut: the end-of-run cut took everything.
+    } else if (flush_ready) {
       CutAndEncode(/*end_of_run=*/false);
       next_cut = now + interval;
-    } else if (!stopping) {
+    } else {
       // Encode only what the window can take soon: a backlog waits in the
       // bounded buffer (staged or cut), and the loop stays free for acks.
       if (!encoding_ && (staged_records_.load(std::memory_order_relaxed) >= config_.batch_records ||
@@ -952,7 +1270,7 @@ void Core::SenderLoop() {
       size_t unsent = sender_.unsent();
       if (encoding_ && unsent < config_.max_in_flight) EncodeSome(config_.max_in_flight - unsent);
     }
-    if (flush_gen > flush_gen_handled) {
+    if (flush_gen > flush_gen_handled && (flush_ready || stopping)) {
       flush_gen_handled = flush_gen;
       flush_target_seq = next_seq_;
     }

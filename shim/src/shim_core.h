@@ -8,7 +8,10 @@
 //    and the Sender (sender.h), which holds the unacknowledged batches and
 //    decides what to send and resend; this file drives it with the socket's
 //    acks, the connection monitor's events and the clock;
-//  - Flush/Shutdown wait on condition variables with a deadline.
+//  - Flush/Shutdown wait on condition variables with a deadline;
+//  - pending fingerprints (shim.h) resolve on the host fingerprint thread or
+//    when the sender thread harvests the device backend; a record that
+//    waits for one is held, with everything ordered after it, in held_.
 // The object is created once per process by the C API and never destroyed
 // while the process may still call it (see c_api.cc).
 #pragma once
@@ -17,6 +20,8 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -30,7 +35,9 @@
 
 #include "config.h"
 #include "encoder.h"
+#include "fp_backends.h"
 #include "opguard/shim.h"
+#include "pending_table.h"
 #include "sender.h"
 #include "staging.h"
 
@@ -47,11 +54,16 @@ uint64_t WallNs();
 // the stamp of records whose caller passed no time. Viewer-only data.
 uint64_t CoarseWallNs();
 
-class Core {
+class Core final : private FpSink {
  public:
   // Creates the core and starts the sender thread; errors (socket, thread)
   // come back as a Status for the caller to log. Any thread, once.
-  static Result<std::unique_ptr<Core>> Start(const Config& config);
+  // `load_device` makes the device backend when the first device
+  // fingerprint is asked for (nullptr and a reason when there is none);
+  // empty: LoadCudaBackend.
+  using DeviceLoader =
+      std::function<std::unique_ptr<DeviceFingerprinter>(uint32_t slots, std::string* why)>;
+  static Result<std::unique_ptr<Core>> Start(const Config& config, DeviceLoader load_device = {});
   // Stops the sender without waiting for acknowledgements; blocks only until
   // the sender's current loop turn ends.
   ~Core();
@@ -79,6 +91,16 @@ class Core {
   uint64_t LanePosition(uint32_t lane);
   void GetCounters(opguard_counters* out);
 
+  // ---- pending fingerprints (shim.h): any thread, never wait ----------------
+  int PendingBegin(uint64_t* handle_out);
+  int PendingResolve(uint64_t handle, const FpResult& result);
+  int PendingFail(uint64_t handle, std::string_view reason);
+  // Arguments already checked by the C API; `job.handle` is filled here.
+  int FingerprintHostAsync(HostFingerprinter::Job job, uint64_t* handle_out);
+  // Always gives a handle (OK) while accepting; failures resolve it as failed.
+  int FingerprintDeviceAsync(const opguard_device_tensor& t, bool contiguous, void* stream,
+                             uint64_t* handle_out);
+
   // ---- waiting calls: any host thread, bounded by timeout_ms --------------
   int Flush(uint32_t timeout_ms);
   // end_of_run, flush, stop the sender. Idempotent. A sender still busy at
@@ -99,17 +121,57 @@ class Core {
   struct CollGap {
     uint64_t first = 0, last = 0, count = 0;
   };
+  // A record (or gap, or step mark) that waits for pending fingerprints, or
+  // that was made while an earlier one waits: the daemon must see each lane
+  // in index order.
+  struct Held {
+    struct Ref {
+      uint32_t offset;  // of a TensorFixed in `bytes`
+      uint64_t handle;
+    };
+    std::vector<uint8_t> bytes;  // the whole entry, header included
+    std::vector<Ref> refs;
+    bool record = false;         // an op or collective (counts as a staged record)
+  };
+
   explicit Core(const Config& config);
   Status StartSender();
+
+  // FpSink: the backends' results.
+  void ResolveFp(uint64_t handle, const FpResult& result) override { (void)PendingResolve(handle, result); }
+  void FailFp(uint64_t handle, std::string_view reason) override { (void)PendingFail(handle, reason); }
 
   // Under mu_: reserves `bytes` in staging unless the buffer is full
   // (`defer_to_cap`), writes the header and returns a writer; nullptr when
   // dropped.
   uint8_t* ReserveLocked(EntryKind kind, size_t bytes, bool subject_to_cap);
+  // For entries whose order matters (ops, collectives, gaps, step marks):
+  // staged directly, or held behind earlier held entries, or held because
+  // it waits itself (`hold`); the header is written.
+  uint8_t* ReserveOrderedLocked(EntryKind kind, size_t bytes, bool hold);
+  // Bytes in staging, in flight and held: what the buffer cap limits.
+  uint64_t BufferedLocked() const;
+  // Moves the settled head of held_ into staging: fingerprints filled in, or
+  // the record replaced by a gap when one failed.
+  void ReleaseHeldLocked();
+  // The state of the pending markers among `tensors`: `hold` when one is
+  // unresolved; a non-empty *missing when one failed or is unknown.
+  void CheckMarkersLocked(const opguard_tensor* tensors, uint32_t n, bool* hold, std::string* missing);
+  // Writes t, with its resolved bits when it is a settled marker; an
+  // unresolved one is left for ReleaseHeldLocked and noted in `refs`.
+  void PutTensorLocked(EntryWriter& w, const opguard_tensor& t, const uint8_t* entry,
+                       std::vector<Held::Ref>* refs);
+  bool EmitOpGapLocked(uint32_t lane, uint64_t first, uint64_t last, uint64_t count,
+                       std::string_view reason);
+  void EmitCollGapLocked(uint64_t comm, uint64_t first, uint64_t last, uint64_t count,
+                         std::string_view reason);
+  // Fails every unresolved handle (shutdown), releasing what waited on them.
+  void FailAllPendingLocked(std::string_view reason);
   void EmitGapLocked(uint32_t lane, LaneState& ls, std::string_view reason);
-  void EmitCollGapLocked(uint64_t comm, const CollGap& g);
   void CloseOpenGapsLocked();
-  void NoteRecordLocked();
+  void CountStagedRecordLocked();
+  static std::vector<uint8_t> GapEntry(uint32_t lane, uint64_t first, uint64_t last, uint64_t count,
+                                       std::string_view reason);
   void Wake();
   void Fail(std::string_view what);
 
@@ -134,6 +196,11 @@ class Core {
   bool Transmit(zmq::socket_t& sock, const Sender::Batch& batch, bool resend);
   // Connection monitor: a lost connection loses what was in flight on it.
   void ReceiveMonitorEvents(zmq::socket_t& monitor);
+  // Hands landed device results to the core; true while some are in flight.
+  bool HarvestDevice();
+  // Held entries released up to `target` (held_pushed_ at some moment).
+  bool HeldReleasedUpTo(uint64_t target);
+  uint64_t HeldPushed();
   AnnounceInfo SnapshotAnnounce();
 
   const Config config_;
@@ -154,6 +221,20 @@ class Core {
   uint64_t records_enqueued_ = 0, records_dropped_ = 0, records_invalid_ = 0;
   uint64_t gaps_reported_ = 0, ops_missing_ = 0;
   std::atomic<uint32_t> staged_records_{0};
+  PendingTable pending_;
+  std::deque<Held> held_;
+  uint64_t held_bytes_ = 0;
+  uint64_t held_records_ = 0;
+  uint64_t held_pushed_ = 0, held_released_ = 0;  // entries ever held / released
+  uint64_t fp_refused_ = 0;
+  std::vector<uint64_t> handle_scratch_;
+
+  // ---- fingerprint backends --------------------------------------------------
+  std::unique_ptr<HostFingerprinter> host_fp_;  // created with the core
+  std::once_flag device_once_;
+  DeviceLoader load_device_;                        // set by Start
+  std::unique_ptr<DeviceFingerprinter> device_fp_;  // set once, under device_once_
+  std::atomic<DeviceFingerprinter*> device_ready_{nullptr};
 
   // ---- run metadata, guarded by meta_mu_ ----------------------------------------
   std::mutex meta_mu_;

@@ -98,8 +98,9 @@ struct GapFixed {  // followed by `reason_len` bytes
   uint32_t lane, reason_len;
 };
 
-struct CollectiveGapFixed {
+struct CollectiveGapFixed {  // followed by `reason_len` bytes; 0: "shim buffer full"
   uint64_t communicator, first_seq, last_seq, count;
+  uint32_t reason_len, pad;
 };
 
 constexpr size_t Pad8(size_t n) { return (n + 7) & ~size_t{7}; }

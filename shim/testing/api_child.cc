@@ -5,6 +5,12 @@
 //   api_child fork          record 50, fork a child that tries to record, record 50 more
 //   api_child disabled      count threads and fds around API calls
 //   api_child noblock N     record N ops and report how many were taken and dropped
+//   api_child pending D     ops whose fingerprints resolve later: a host buffer hashed
+//                           off the thread, one resolved by another thread, and (D=1) a
+//                           device tensor; return from main (exit flush)
+//   api_child held N        2N ops on lane 0, every other one waiting for a fingerprint
+//                           that another thread resolves later, in reverse order (the
+//                           middle one fails); return from main (exit flush)
 #include <dirent.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -13,6 +19,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "opguard/shim.h"
 
@@ -43,13 +51,8 @@ int CountEntries(const char* dir) {
   return n - 1;  // opendir's own fd shows up under /proc/self/fd; harmless for tasks
 }
 
-int RecordOne(uint64_t name, uint64_t site, uint64_t fp) {
-  int64_t shape[1] = {8};
-  opguard_tensor out = {};
-  out.fp_lo = fp;
-  out.shape = shape;
-  out.ndim = 1;
-  out.dtype = OPGUARD_DTYPE_FLOAT32;
+// One op with the single output `out`.
+int RecordOutput(uint64_t name, uint64_t site, const opguard_tensor& out) {
   opguard_op op = {};
   op.struct_size = sizeof(op);
   op.op_index = OPGUARD_AUTO;
@@ -58,6 +61,19 @@ int RecordOne(uint64_t name, uint64_t site, uint64_t fp) {
   op.num_outputs = 1;
   op.outputs = &out;
   return opguard_record_op(&op, nullptr);
+}
+
+// A float32 tensor of 8 elements with the fingerprint `fp` (or the pending
+// marker of handle `fp` when `pending`).
+int RecordOne(uint64_t name, uint64_t site, uint64_t fp, bool pending = false) {
+  static const int64_t shape[1] = {8};
+  opguard_tensor out = {};
+  out.fp_lo = fp;
+  out.shape = shape;
+  out.ndim = 1;
+  out.dtype = OPGUARD_DTYPE_FLOAT32;
+  if (pending) opguard_tensor_set_pending(&out, fp);
+  return RecordOutput(name, site, out);
 }
 
 }  // namespace
@@ -103,6 +119,66 @@ int main(int argc, char** argv) {
     waitpid(pid, &status, 0);
     for (int i = 50; i < 100; ++i) RecordOne(name, site, i + 1);
     std::printf("child_status=%d\nparent_enabled=%d\n", status, opguard_enabled());
+    std::fflush(stdout);
+    return 0;
+  }
+  if (mode == "pending") {
+    // 1. A host buffer fingerprinted off this thread; freed by the release callback.
+    static int64_t shape[1] = {1 << 20};
+    auto* data = new float[1 << 20];
+    for (int i = 0; i < (1 << 20); ++i) data[i] = static_cast<float>(i % 1000) * 0.5f;
+    opguard_tensor expect = {};
+    opguard_fingerprint_host(data, OPGUARD_DTYPE_FLOAT32, shape, 1, nullptr, &expect);
+    opguard_tensor t = {};
+    int rc = opguard_fingerprint_host_async(
+        data, OPGUARD_DTYPE_FLOAT32, shape, 1, nullptr,
+        [](void* p) { delete[] static_cast<float*>(p); }, data, &t);
+    std::printf("api=%d\nhost_rc=%d\nhost_pending=%d\nexpect_lo=%llu\nrecord_rc=%d\n",
+                opguard_api_version(), rc, t.has_stats == OPGUARD_TENSOR_PENDING,
+                static_cast<unsigned long long>(expect.fp_lo), RecordOutput(name, site, t));
+    // 2. A fingerprint the caller resolves itself, from another thread.
+    uint64_t handle = 0;
+    std::printf("begin_rc=%d\n", opguard_pending_begin(&handle));
+    std::printf("record2_rc=%d\n", RecordOne(name, site, handle, /*pending=*/true));
+    std::thread([handle] {
+      opguard_tensor r = {};
+      r.fp_lo = 4242;
+      r.fp_hi = 4343;
+      std::printf("resolve_rc=%d\n", opguard_pending_resolve(handle, &r));
+    }).join();
+    // 3. A device tensor: without a driver, a gap with the reason.
+    if (n == 1) {
+      float fake_device_memory[8] = {};
+      int64_t dshape[1] = {8};
+      opguard_tensor d = {};
+      std::printf("device_rc=%d\n", opguard_fingerprint_device_async(fake_device_memory, OPGUARD_DTYPE_FLOAT32,
+                                                                   dshape, 1, nullptr, 0, nullptr, &d));
+      std::printf("record3_rc=%d\n", RecordOutput(name, site, d));
+    }
+    std::fflush(stdout);
+    return 0;
+  }
+  if (mode == "held") {
+    std::vector<uint64_t> handles(static_cast<size_t>(n));
+    int bad = 0;
+    for (long i = 0; i < n; ++i) {
+      bad += opguard_pending_begin(&handles[i]) != OPGUARD_OK;
+      bad += RecordOne(name, site, handles[i], /*pending=*/true) != OPGUARD_OK;
+      bad += RecordOne(name, site, 5000 + static_cast<uint64_t>(i)) != OPGUARD_OK;
+    }
+    std::thread([&] {
+      for (long i = n; i-- > 0;) {
+        if (i == n / 2) {
+          bad += opguard_pending_fail(handles[i], "planted failure") != OPGUARD_OK;
+          continue;
+        }
+        opguard_tensor r = {};
+        r.fp_lo = 1000 + static_cast<uint64_t>(i);
+        r.fp_hi = 2000 + static_cast<uint64_t>(i);
+        bad += opguard_pending_resolve(handles[i], &r) != OPGUARD_OK;
+      }
+    }).join();
+    std::printf("bad=%d\n", bad);
     std::fflush(stdout);
     return 0;
   }

@@ -182,6 +182,12 @@ void FakeDaemon::Handle(const zmq::message_t& id, const zmq::message_t& msg, std
             r.outputs = op->outputs() != nullptr ? op->outputs()->size() : 0;
             if (r.outputs != 0 && op->outputs()->Get(0)->fingerprint() != nullptr) {
               r.out_lo = op->outputs()->Get(0)->fingerprint()->lo();
+              r.out_hi = op->outputs()->Get(0)->fingerprint()->hi();
+              r.out_has_stats = op->outputs()->Get(0)->stats() != nullptr;
+            }
+            if (r.inputs != 0 && op->inputs()->Get(0)->tensor() != nullptr &&
+                op->inputs()->Get(0)->tensor()->fingerprint() != nullptr) {
+              r.in_lo = op->inputs()->Get(0)->tensor()->fingerprint()->lo();
             }
             received_.ops.push_back(r);
           }

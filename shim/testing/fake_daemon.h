@@ -39,6 +39,9 @@ struct ReceivedOp {
   uint32_t inputs = 0;
   uint32_t outputs = 0;
   uint64_t out_lo = 0;  // first output's fingerprint, low half
+  uint64_t out_hi = 0;
+  bool out_has_stats = false;
+  uint64_t in_lo = 0;   // first input's tensor fingerprint, low half (0 none)
 };
 
 struct ReceivedCollective {

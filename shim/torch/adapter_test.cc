@@ -185,6 +185,41 @@ TEST_F(AdapterTest, StridedViewsAreFingerprintedInLogicalOrder) {
   EXPECT_EQ(clones, 10u * 11u + 1u) << log_;
 }
 
+// A large output is fingerprinted off the training thread, and the in-place
+// write right after the op waits for that fingerprint: the record carries the
+// bits the op produced (the CPU fingerprint of a copy the script took right
+// after the op), the write's record the written ones.
+TEST_F(AdapterTest, LargeOutputHashedOffThreadKeepsThePreWriteBits) {
+  ASSERT_TRUE(Record("async_large.py"));
+  std::map<std::string, std::string> printed;  // key=value lines of the script's stderr
+  std::istringstream lines(log_);
+  for (std::string line; std::getline(lines, line);) {
+    if (auto eq = line.find('='); eq != std::string::npos) printed[line.substr(0, eq)] = line.substr(eq + 1);
+  }
+  ASSERT_TRUE(printed.count("expect3")) << log_;
+  EXPECT_NE(printed["fp_resolved"], "0") << "nothing was fingerprinted off the thread";
+  EXPECT_EQ(printed["fp_failed"], "0");
+  std::vector<const ReceivedOp*> muls, adds;
+  const ReceivedOp* clone = nullptr;
+  const auto ops = Lane0Ops(*ingest_);
+  for (const auto& [op, name] : ops) {
+    if (name == "aten::mul") muls.push_back(&op);
+    if (name == "aten::add_") adds.push_back(&op);
+    if (name == "aten::clone" && clone == nullptr) clone = &op;
+  }
+  ASSERT_GE(muls.size(), 4u) << log_;
+  ASSERT_EQ(adds.size(), 4u) << log_;
+  ASSERT_NE(clone, nullptr);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(std::to_string(muls[i]->out_lo), printed["expect" + std::to_string(i)])
+        << "op " << i << ": the bytes it produced, before the write";
+    EXPECT_EQ(adds[i]->in_lo, muls[i]->out_lo) << "the write's input is the op's output";
+    EXPECT_NE(adds[i]->out_lo, muls[i]->out_lo);
+  }
+  EXPECT_EQ(clone->out_lo, adds[3]->out_lo);
+  EXPECT_TRUE(ingest_->Snapshot().gaps.empty());
+}
+
 // Ops run inside opguard.paused() regions are not recorded, on any thread,
 // nested regions included, nor are collectives (dispatcher ops and those
 // the Python wrappers record); recording resumes when the outermost one ends.

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "adapter_state.h"
+#include "async_fingerprints.h"
 #include "collectives.h"
 #include "op_record.h"
 #include "opguard/shim.h"
@@ -173,7 +174,9 @@ void TrackUninitialised(bool allocates, const at::Tensor& t, OpContext& ctx, Thr
 bool CollectOutput(const at::Tensor& t, OpContext& ctx, ThreadState& ts) {
   opguard_tensor out;
   Shapes::At shape;
-  if (!FingerprintTensor(t, ts, ctx.shapes, &out, &shape)) return false;
+  if (!FingerprintTensor(t, ts, ctx.shapes, &out, &shape, /*cached=*/true, /*may_defer=*/true)) {
+    return false;
+  }
   ctx.outputs.Add(out, shape);
   return true;
 }
@@ -377,6 +380,9 @@ bool IsInPlace(const char* name) {
 std::unique_ptr<at::ObserverContext> OnFunctionStart(const at::RecordFunction& fn, ThreadState& ts) {
   if (IsEngineWrapper(fn)) return nullptr;
   if (IsAutogradFunction(fn)) return AutogradFunctionStart(ts);
+  // Whether recorded or not, an op must not write bytes whose fingerprint is
+  // still being taken off this thread.
+  AwaitPendingWrites(fn);
   // Only while recording: otherwise the op is depth-counted as any other
   // (balanced at its end), and unrecorded ops pay no scan of their inputs.
   if (Recording() && RedispatchesToPython(fn)) {

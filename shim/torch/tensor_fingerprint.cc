@@ -4,6 +4,8 @@
 #include <string_view>
 #include <vector>
 
+#include "async_fingerprints.h"
+#include "device_fingerprint.h"
 #include "torch_compat.h"
 
 namespace opguard::torch_adapter {
@@ -87,8 +89,9 @@ bool GatherLogical(const void* data, size_t element_size, at::IntArrayRef sizes,
 }  // namespace
 
 bool FingerprintTensor(const at::Tensor& t, ThreadState& ts, Shapes& shapes, opguard_tensor* out,
-                       Shapes::At* shape, bool cached) {
+                       Shapes::At* shape, bool cached, bool may_defer) {
   std::memset(out, 0, sizeof(*out));
+  if (t.defined() && t.is_cuda()) return FingerprintDeviceTensor(t, shapes, out, shape);
   if (!t.defined() || !t.device().is_cpu() || t.is_sparse() || t.is_quantized() ||
       t.is_mkldnn() || !t.has_storage()) {
     return false;
@@ -123,7 +126,9 @@ bool FingerprintTensor(const at::Tensor& t, ThreadState& ts, Shapes& shapes, opg
   // rather than the garbage seen at allocation.
   const bool cacheable = data != nullptr && !ts.uninitialised.Contains(t);
   if (cacheable && cached) {
-    if (const auto* hit = ts.cache.Find(key, storage)) {
+    const auto* hit = ts.cache.Find(key, storage);
+    if (hit != nullptr && hit->pending && hit->layout_hash != layout_hash) hit = nullptr;
+    if (hit != nullptr) {
       if (hit->layout_hash == layout_hash) {
         out->fp_lo = hit->lo;
         out->fp_hi = hit->hi;
@@ -138,6 +143,19 @@ bool FingerprintTensor(const at::Tensor& t, ThreadState& ts, Shapes& shapes, opg
       out->ndim = ndim;
       return true;
     }
+  }
+  // A large output is hashed on the shim's fingerprint thread; the record
+  // carries a pending fingerprint until then (async_fingerprints.h says why
+  // the bytes it reads are the op's).
+  const uint64_t min_async = AsyncMinBytes();
+  if (may_defer && cacheable && contiguous && min_async != 0 &&
+      static_cast<uint64_t>(t.numel()) * t.element_size() >= min_async &&
+      SubmitHostFingerprint(t, dtype, sizes.data(), ndim, out)) {
+    ts.cache.Put(key, FingerprintCache::Value{t.storage().getWeakStorageImpl(), out->fp_lo,
+                                              out->fp_hi, {}, out->has_stats, {}, layout_hash,
+                                              /*pending=*/true});
+    out->shape = nullptr;
+    return true;
   }
   // A strided tensor is fingerprinted in logical order, as its contiguous
   // copy would be (docs/fingerprint.md): small ones are gathered here into a

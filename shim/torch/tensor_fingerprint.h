@@ -17,9 +17,11 @@ namespace opguard::torch_adapter {
 // Fills `out` (its shape pointer unset) with the tensor's fingerprint and
 // stores its shape in `shapes` at `*shape`; false if it has no host bytes
 // OpGuard can read. `cached`: a fingerprint cached for the same bytes may be
-// used.
+// used. `may_defer`: the bytes are final (an op's output at its end), so a
+// large tensor may be hashed off this thread (async_fingerprints.h) and
+// `out` be a pending fingerprint.
 bool FingerprintTensor(const at::Tensor& t, ThreadState& ts, Shapes& shapes, opguard_tensor* out,
-                       Shapes::At* shape, bool cached = true);
+                       Shapes::At* shape, bool cached = true, bool may_defer = false);
 
 // Fingerprints `tensors` from their bytes into ctx.outputs; false if one has
 // no host bytes. Never from the cache: an Entered record must show memory

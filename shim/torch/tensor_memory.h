@@ -50,6 +50,9 @@ class FingerprintCache {
     uint8_t has_stats = 0;
     opguard_byte_sums sums{};  // contiguous entries: other shapes are finalized from these
     size_t layout_hash = 0;
+    // lo/hi/has_stats are a pending fingerprint's marker (async_fingerprints.h):
+    // usable for the same layout only, as there are no sums yet.
+    bool pending = false;
   };
 
   const Value* Find(const Key& key, const c10::StorageImpl* storage) {

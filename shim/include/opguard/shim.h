@@ -51,8 +51,11 @@ extern "C" {
 #endif
 
 /* Version of this header's API; opguard_api_version() returns the library's.
- * 2: opguard_fingerprint_host_sums, opguard_fingerprint_reshape. */
-#define OPGUARD_SHIM_API_VERSION 2
+ * 2: opguard_fingerprint_host_sums, opguard_fingerprint_reshape.
+ * 3: pending fingerprints (OPGUARD_TENSOR_PENDING, opguard_pending_*,
+ *    opguard_fingerprint_host_async, opguard_fingerprint_device_async) and
+ *    the fp_* counters. */
+#define OPGUARD_SHIM_API_VERSION 3
 
 /* ---- return codes ------------------------------------------------------ */
 #define OPGUARD_OK 0
@@ -286,6 +289,12 @@ typedef struct opguard_counters {
   uint64_t bytes_sent;
   uint64_t buffered_bytes;     /* staged + unacknowledged, now */
   uint64_t pending_batches;    /* unacknowledged, now */
+  /* API 3: pending fingerprints. */
+  uint64_t fp_pending;         /* submitted and not yet resolved, now */
+  uint64_t fp_resolved;        /* resolved with a fingerprint */
+  uint64_t fp_failed;          /* failed (no device, capture, error, limit, shutdown) */
+  uint64_t fp_refused;         /* opguard_fingerprint_host_async at the limit */
+  uint64_t records_held;       /* records waiting for a fingerprint, now */
 } opguard_counters;
 
 /* Fills min(out->struct_size, sizeof) bytes; works (zeros) when disabled. */
@@ -320,6 +329,91 @@ OPGUARD_API int opguard_fingerprint_host_sums(const void* data, uint8_t dtype,
 OPGUARD_API int opguard_fingerprint_reshape(const opguard_byte_sums* sums, uint8_t dtype,
                                             const int64_t* shape, uint32_t ndim,
                                             opguard_tensor* out);
+
+/* ---- pending fingerprints (API 3) ------------------------------------------
+ * A fingerprint may be computed after the op is recorded: off the calling
+ * thread (large host tensors) or on a device stream after the op's kernels.
+ * The caller gets a handle, puts it into an opguard_tensor with the pending
+ * marker, and records the op or collective at once as usual. The shim holds
+ * that record (and every op, collective, step mark and gap recorded after it,
+ * so the daemon still sees each lane in index order) until each of its
+ * fingerprints is resolved, then sends it with the bits filled in.
+ *
+ * The marker: has_stats == OPGUARD_TENSOR_PENDING, fp_hi == OPGUARD_PENDING_TAG
+ * and fp_lo == the handle; dtype, shape, ndim and device are the caller's as
+ * always. Callers built against API 2 never produce it (they set has_stats to
+ * 0 or 1). A library older than API 3 would record the marker as bits, so
+ * callers use pending fingerprints only when opguard_api_version() >= 3.
+ *
+ * A fingerprint that fails (no device, CUDA graph capture, an error, the
+ * pending limit, shutdown) never fails the host: the op that references it is
+ * sent as a gap notice for its op index (a collective: a collective gap) whose
+ * reason starts with "missing fingerprint: ". A handle stays usable for more
+ * records after it resolves, until OPGUARD_MAX_PENDING_FP newer handles have
+ * resolved; a record that references a handle so old (or never issued) is a
+ * gap with reason "missing fingerprint: unknown handle".
+ *
+ * Memory is bounded: at most OPGUARD_MAX_PENDING_FP (default 4096)
+ * fingerprints are unresolved at once, and held records count against
+ * OPGUARD_BUFFER_MB like staged ones. No call waits for a fingerprint. */
+#define OPGUARD_TENSOR_PENDING 0x50u
+#define OPGUARD_PENDING_TAG 0x676e69646e65506full /* "oPending" */
+
+/* Marks `t` as the pending fingerprint `handle` (a helper for the three
+ * fields above). */
+static inline void opguard_tensor_set_pending(opguard_tensor* t, uint64_t handle) {
+  t->fp_lo = handle;
+  t->fp_hi = OPGUARD_PENDING_TAG;
+  t->has_stats = OPGUARD_TENSOR_PENDING;
+}
+
+/* A fingerprint the caller computes itself (its own device work): begin
+ * returns a handle (never 0) in *handle_out; exactly one of resolve (with
+ * fp_lo, fp_hi, has_stats and stats of `result`) or fail must follow, from
+ * any thread. OK, DISABLED, INVALID, or DROPPED when OPGUARD_MAX_PENDING_FP
+ * fingerprints are already unresolved (no handle; counted in fp_refused). */
+OPGUARD_API int opguard_pending_begin(uint64_t* handle_out);
+OPGUARD_API int opguard_pending_resolve(uint64_t handle, const opguard_tensor* result);
+OPGUARD_API int opguard_pending_fail(uint64_t handle, const char* reason);
+
+/* Called once by the shim when it no longer needs the bytes it was given. */
+typedef void (*opguard_release_fn)(void* context);
+
+/* Fingerprints a host buffer on the shim's fingerprint thread (same bits as
+ * opguard_fingerprint_host) and fills `out` with the pending marker, shape
+ * (the caller's pointer, read during the call only), ndim, dtype and device
+ * -1. The bytes must stay unchanged until `release(release_context)` is
+ * called (any thread, exactly once, after they were read). On anything but
+ * OPGUARD_OK nothing was taken: release is not called and `out` is
+ * untouched; DROPPED means the pending limit was reached (counted in
+ * fp_refused): fingerprint inline instead, which bounds the caller's wait by
+ * one tensor's hash. release may be NULL. */
+OPGUARD_API int opguard_fingerprint_host_async(const void* data, uint8_t dtype,
+                                               const int64_t* shape, uint32_t ndim,
+                                               const int64_t* strides,
+                                               opguard_release_fn release,
+                                               void* release_context, opguard_tensor* out);
+
+/* Enqueues the fingerprint of device memory on `stream` (a cudaStream_t;
+ * NULL is the legacy default stream) of device `device`, behind the work
+ * already on it, and fills `out` like opguard_fingerprint_host_async (device
+ * = `device`). Nothing synchronises the device or the stream: the result is
+ * copied to pinned host memory behind the fingerprint and harvested by the
+ * shim's sender thread when its event has completed. Stream order makes the
+ * kernel read the op's result before the caching allocator can hand the
+ * memory to later work on that stream. `strides` must be NULL or
+ * C-contiguous (make a strided tensor contiguous on the same stream first).
+ *
+ * Returns OK whenever the shim is on and the arguments are valid; the
+ * handle then either resolves or fails, and a failure becomes a gap with
+ * its reason: "no CUDA device" (no driver, no backend library: logged once),
+ * "cuda graph capture" (the stream is capturing: nothing is enqueued into
+ * the graph), "pending fingerprint limit", "non-contiguous device tensor",
+ * or the CUDA error. Otherwise DISABLED or INVALID with `out` untouched. */
+OPGUARD_API int opguard_fingerprint_device_async(const void* data, uint8_t dtype,
+                                                 const int64_t* shape, uint32_t ndim,
+                                                 const int64_t* strides, int device,
+                                                 void* stream, opguard_tensor* out);
 
 #ifdef __cplusplus
 }  /* extern "C" */

@@ -81,6 +81,9 @@ class ResultCollector {
   cudaError_t Collect(const ResultSlot* device_slots, size_t count, cudaStream_t stream);
   // True once the last Collect's copy has completed (cudaEventQuery).
   bool Ready() const;
+  // The event's state itself: cudaSuccess (landed), cudaErrorNotReady, or
+  // the error that the work on the stream ran into.
+  cudaError_t Query() const;
   // Blocks on the event only (not the device or the stream).
   cudaError_t Wait() const;
   // The last collected results; valid once Ready().

@@ -1,0 +1,54 @@
+#include "device_fingerprint.h"
+
+#include <ATen/record_function.h>
+
+#include "torch_compat.h"
+
+#if defined(OPGUARD_TORCH_CUDA)
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace opguard::torch_adapter {
+
+bool FingerprintDeviceTensor(const at::Tensor& t, Shapes& shapes, opguard_tensor* out,
+                             Shapes::At* shape) {
+#if !defined(OPGUARD_TORCH_CUDA)
+  (void)t;
+  (void)shapes;
+  (void)out;
+  (void)shape;
+  return false;
+#else
+  static const bool supported = opguard_api_version() >= 3;
+  if (!supported || !t.defined() || !t.is_cuda() || t.is_sparse() || t.is_quantized() ||
+      !t.has_storage()) {
+    return false;
+  }
+  const uint8_t dtype = ToOpGuardDType(t.scalar_type());
+  if (dtype == OPGUARD_DTYPE_UNKNOWN) return false;
+  *shape = shapes.Add(t.sizes());
+  const c10::DeviceIndex device = t.device().index();
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
+  // A strided tensor is fingerprinted in logical order: made contiguous on
+  // the same stream first, unseen by observers (it is OpGuard's copy, not the
+  // program's op) and outside autograd. The copy goes back to the caching
+  // allocator when this returns, which hands its memory only to work ordered
+  // after the fingerprint on this stream.
+  at::Tensor bytes = t;
+  if (!t.is_contiguous()) {
+    at::DisableRecordFunctionGuard no_observers;
+    at::NoGradGuard no_grad;
+    bytes = t.contiguous();
+  }
+  const auto sizes = bytes.sizes();
+  if (opguard_fingerprint_device_async(bytes.numel() == 0 ? nullptr : bytes.data_ptr(), dtype,
+                                       sizes.data(), static_cast<uint32_t>(sizes.size()), nullptr,
+                                       device, stream, out) != OPGUARD_OK) {
+    return false;
+  }
+  out->shape = nullptr;  // the record points at `shapes` once complete
+  return true;
+#endif
+}
+
+}  // namespace opguard::torch_adapter
