@@ -25,8 +25,9 @@ class Driver {
   }
 
   // CU_MEMORYTYPE_DEVICE for device and managed memory, CU_MEMORYTYPE_HOST
-  // for everything the host can read now.
-  CUmemorytype PlaceOf(const void* p) {
+  // for everything the host can read now. `device` (may be NULL) receives
+  // the ordinal of device memory.
+  CUmemorytype PlaceOf(const void* p, int* device = nullptr) {
     if (get_attribute_ == nullptr) return CU_MEMORYTYPE_HOST;
     auto ptr = reinterpret_cast<CUdeviceptr>(p);
     unsigned int type = 0;
@@ -36,6 +37,10 @@ class Driver {
     }
     // Not known to the driver (plain malloc'ed memory), or no device at all.
     if (r != CUDA_SUCCESS) return CU_MEMORYTYPE_HOST;
+    int ordinal = -1;
+    if (device != nullptr && get_attribute_(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr) == CUDA_SUCCESS) {
+      *device = ordinal;
+    }
     int managed = 0;
     if (get_attribute_(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, ptr) == CUDA_SUCCESS && managed) {
       return CU_MEMORYTYPE_DEVICE;
@@ -64,25 +69,30 @@ std::atomic<uint64_t> device_buffers{0};
 
 BufferFingerprint FingerprintBuffer(const void* data, uint8_t dtype, uint64_t elements,
                                     cudaStream_t stream, int64_t* shape, opguard_tensor* out) {
-  (void)stream;  // the stream matters for device memory only
   if (dtype == OPGUARD_DTYPE_UNKNOWN || (data == nullptr && elements != 0)) {
     return BufferFingerprint::kNotTaken;
   }
-  if (elements != 0 && Driver::Get().PlaceOf(data) == CU_MEMORYTYPE_DEVICE) {
-    // Device buffers need a fingerprint enqueued on `stream` (inputs before
-    // the collective, outputs after it) whose result the shim resolves
-    // later; until the shim offers that, the collective is recorded without
-    // them.
+  *shape = static_cast<int64_t>(elements);
+  int device = -1;
+  if (elements != 0 && Driver::Get().PlaceOf(data, &device) == CU_MEMORYTYPE_DEVICE) {
+    // Enqueued on the collective's stream: stream order makes the kernel read
+    // the buffer before (inputs) or after (outputs) the collective, and the
+    // shim holds the record until the result lands. Failures from here on
+    // (capture, no device) become a gap with the reason, never an error here.
+    if (Shim()->fingerprint_device_async != nullptr &&
+        Shim()->fingerprint_device_async(data, dtype, shape, 1, nullptr, device, stream, out) == OPGUARD_OK) {
+      return BufferFingerprint::kTaken;
+    }
     uint64_t n = device_buffers.fetch_add(1, std::memory_order_relaxed) + 1;
     static std::once_flag once;
     std::call_once(once, [n] {
-      Log("collective buffers in device memory are recorded without fingerprints by this "
-          "build (first of them: buffer %llu); kinds, counts and sequence numbers are recorded",
+      Log("collective buffers in device memory are recorded without fingerprints: the loaded "
+          "libopguard_shim takes no device fingerprints (first of them: buffer %llu); kinds, "
+          "counts and sequence numbers are recorded",
           static_cast<unsigned long long>(n));
     });
     return BufferFingerprint::kDeviceMemory;
   }
-  *shape = static_cast<int64_t>(elements);
   if (Shim()->fingerprint_host(data, dtype, shape, 1, nullptr, out) != OPGUARD_OK) {
     return BufferFingerprint::kNotTaken;
   }

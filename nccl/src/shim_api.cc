@@ -44,6 +44,11 @@ const ShimApi* Shim() {
       Log("%s lacks a function this library needs; NCCL calls are not recorded", kShim);
       return nullptr;
     }
+    auto version = reinterpret_cast<decltype(&opguard_api_version)>(dlsym(lib, "opguard_api_version"));
+    if (version == nullptr || version() < 3 ||
+        !Bind(lib, "opguard_fingerprint_device_async", &shim.fingerprint_device_async)) {
+      shim.fingerprint_device_async = nullptr;
+    }
     return &shim;
   }();
   return api;

@@ -16,6 +16,9 @@ struct ShimApi {
   decltype(&opguard_communicator_define) communicator_define;
   decltype(&opguard_record_collective) record_collective;
   decltype(&opguard_fingerprint_host) fingerprint_host;
+  // API 3 (pending fingerprints); NULL with an older shim: device buffers are
+  // then recorded without fingerprints.
+  decltype(&opguard_fingerprint_device_async) fingerprint_device_async;
 };
 
 // The shim: the libopguard_shim.so.1 already in the process, else the one
