@@ -209,6 +209,17 @@ TEST_F(AdapterTest, WritesInsideASubclassDispatchAreHashedAsWritten) {
   EXPECT_EQ(writes, 3u * 4u) << log_;
 }
 
+// Ops on tensors without data (the meta device, FakeTensorMode) compute
+// nothing: no op records, no gaps; the real ops around them are recorded.
+TEST_F(AdapterTest, OpsOnTensorsWithoutDataAreNeitherOpsNorGaps) {
+  ASSERT_TRUE(Record("fake_tensors.py"));
+
+  std::vector<std::string> names;
+  for (const auto& op : Lane0Ops(*ingest_)) names.push_back(op.second);
+  EXPECT_EQ(names, (std::vector<std::string>{"aten::ones", "aten::mul"})) << log_;
+  EXPECT_TRUE(ingest_->Snapshot().gaps.empty()) << ingest_->Snapshot().gaps.front().reason;
+}
+
 // Ops run inside opguard.paused() regions are not recorded, on any thread,
 // nested regions included, nor are collectives (dispatcher ops and those
 // the Python wrappers record); recording resumes when the outermost one ends.

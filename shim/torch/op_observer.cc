@@ -197,6 +197,19 @@ void MarkUnversionedWrites(const at::RecordFunction& fn, const OpContext& ctx, T
   }
 }
 
+// Whether the op made a tensor that holds no data: on the meta device, or a
+// FakeTensor (meta storage behind another device). DTensor computes its
+// outputs' shapes so, under FakeTensorMode, the first time it meets an op;
+// nothing is computed, so it is not an op (nor a gap).
+bool ComputesNothing(const at::RecordFunction& fn) {
+  for (const c10::IValue& v : fn.outputs()) {
+    if (!v.isTensor() || !v.toTensor().defined()) continue;
+    const at::Tensor& t = v.toTensor();
+    if (t.is_meta() || (t.has_storage() && t.storage().device().is_meta())) return true;
+  }
+  return false;
+}
+
 bool CollectOutputs(const at::RecordFunction& fn, OpContext& ctx, ThreadState& ts) {
   const bool allocates = HasUninitialisedOutput(fn.name());
   for (const c10::IValue& v : fn.outputs()) {
@@ -526,6 +539,7 @@ void OnFunctionEnd(const at::RecordFunction& fn, OpContext* ctx, ThreadState& ts
   uint32_t lane = LaneOf(ts);
   if (ctx->in_subclass_dispatch) MarkUnversionedWrites(fn, *ctx, ts);
   if (ctx->unfingerprintable || !CollectOutputs(fn, *ctx, ts)) {
+    if (ComputesNothing(fn)) return;  // not an op, nor a gap
     opguard_report_gap(lane, 1, "tensor without host bytes (device, sparse or quantized)", nullptr);
     return;
   }
