@@ -53,19 +53,9 @@ else
   echo "setup-deps: installed ${missing[*]}"
 fi
 
-# Debian 13's libtorch 2.6 and Python 3.13 headers, unpacked, not installed:
-# the test suite builds the PyTorch adapter against them too (ctest
-# torch2_build_check), since this machine's own torch is 1.13.
-TORCH2_ROOT=/var/cache/opguard/debian-torch/trixie
-if [[ ! -f "$TORCH2_ROOT/.libtorch-dev-version" ]]; then
-  (
-    flock -w 1800 9
-    $SUDO "$(dirname "${BASH_SOURCE[0]}")/debian-torch.sh" trixie "$TORCH2_ROOT"
-  ) 9>"$LOCK"
-fi
-
 # torch from PyPI, one shared venv per pinned version under /var/cache/opguard
-# (scripts/torch-venv.sh prints the path): the pip route (`pip install
-# ./python`) is tested against 2.11.0. The torch 2.x suites
-# (OPGUARD_TEST_TORCH, scripts/test.sh) make the venvs they need themselves.
+# (scripts/torch-venv.sh prints the path): 2.11.0, the GPU machines', which
+# scripts/test.sh runs the adapter's tests and the e2e suites against, and
+# the pip route (`pip install ./python`) is tested with. Other versions
+# (OPGUARD_TEST_TORCH) get their venvs when their suites are built.
 "$(dirname "${BASH_SOURCE[0]}")/torch-venv.sh" 2.11.0 >/dev/null

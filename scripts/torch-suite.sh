@@ -36,6 +36,16 @@ if [[ "${1:-}" == "--build" ]]; then
   rm -rf "$OUT/python"
   cp -r "$STAGE" "$OUT/python"
   cp "$OUT/adapter/libopguard_torch.so" "$OUT/python/opguard/lib/libopguard_torch.so"
+  # The torch this adapter was built for, which the package checks at import
+  # (the main build's stage names Debian's).
+  "$VENV/bin/python" - "$OUT/python/opguard/_build_info.py" <<'PY'
+import re, sys, torch
+path = sys.argv[1]
+with open(path) as f:
+    text = f.read()
+with open(path, "w") as f:
+    f.write(re.sub(r'TORCH_VERSION = ".*"', f'TORCH_VERSION = "{torch.__version__}"', text))
+PY
   echo "   torch $VERSION: $OUT/bin/python ($VENV), package in $OUT/python"
   exit 0
 fi

@@ -2,8 +2,8 @@
 # Prints the path of a virtual environment holding torch VERSION (and numpy)
 # from PyPI, creating it first if needed:
 #   scripts/torch-venv.sh 2.11.0   ->  /var/cache/opguard/venv-torch-2.11.0
-# One shared venv per pinned version (scripts/setup-deps.sh makes 2.11.0 and
-# 2.15.0), on Debian's python3, so that every suite tests the same torch.
+# One shared venv per pinned version (scripts/setup-deps.sh makes 2.11.0; others
+# on first use), on Debian's python3, so that every suite tests the same torch.
 # Idempotent: a venv whose python imports that torch is left as it is;
 # otherwise the venv is (re)made in place and pip installs what is missing.
 # Concurrent callers wait on a lock. OPGUARD_VENV_ROOT moves the folder.

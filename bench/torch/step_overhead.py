@@ -38,7 +38,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN = os.path.join(ROOT, "tests", "e2e", "train_gpt.py")
-PYTHON = os.environ.get("OPGUARD_TEST_PYTHON") or "/usr/bin/python3"
+sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
+import harness  # noqa: E402  (the package installed as the e2e tests install it)
 
 
 def process_cpu_s(pid):
@@ -60,15 +61,10 @@ def main():
     tmp = tempfile.mkdtemp(prefix="opguard-overhead-")
     daemon = None
     try:
-        ver = f"python{sys.version_info.major}.{sys.version_info.minor}"
-        ver = subprocess.run([PYTHON, "-c", "import sys; print(f'python{sys.version_info.major}."
-                              "{sys.version_info.minor}')"], capture_output=True,
-                             text=True).stdout.strip() or ver
-        site = os.path.join(tmp, "userbase", "lib", ver, "site-packages")
-        os.makedirs(site)
-        stage = os.environ.get("OPGUARD_PYTHON_STAGE") or os.path.join(args.build, "python")
-        shutil.copytree(os.path.join(stage, "opguard"), os.path.join(site, "opguard"))
-        shutil.copy(os.path.join(stage, "opguard-autoload.pth"), site)
+        # A user site for Debian's Python, a venv over a pip torch's venv
+        # (which reads no user site) otherwise.
+        os.environ.setdefault("OPGUARD_PYTHON_STAGE", os.path.join(args.build, "python"))
+        site = harness.UserSite(tmp)
         daemon = subprocess.Popen([os.path.join(args.build, "daemon", "opguardd"), "--local",
                                    os.path.join(tmp, "d"), "--http", "off"],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -80,10 +76,7 @@ def main():
                 break
             time.sleep(0.1)
 
-        base_env = dict(os.environ, PYTHONUSERBASE=os.path.join(tmp, "userbase"),
-                        OMP_NUM_THREADS="1")
-        for key in ("OPGUARD", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
-            base_env.pop(key, None)
+        base_env = site.env()
         modes = {
             "plain": ({}, []),
             "opguard": ({"OPGUARD": "1", "OPGUARD_ENDPOINT": f"ipc://{tmp}/d/ingest.sock"}, []),
@@ -106,7 +99,7 @@ def main():
                 if mode in ("opguard", "in_process"):
                     env["OPGUARD_RUN"] = f"{mode}-{round_}"
                 before = process_cpu_s(daemon.pid)
-                command = [PYTHON, TRAIN, "--spawn", str(args.ranks), "--steps", str(args.steps),
+                command = [site.python, TRAIN, "--spawn", str(args.ranks), "--steps", str(args.steps),
                            "--times", times, "--d-model", str(args.d_model), *extra_args]
                 subprocess.run(command, env=env, check=True, capture_output=True, timeout=900)
                 if mode == "opguard":
@@ -122,6 +115,13 @@ def main():
                 round_medians[mode].append(statistics.median(recorded["wall"][2:]))
                 cpu[mode].extend(recorded["cpu"][2:])
                 thread_cpu[mode].extend(recorded["thread_cpu"][2:])
+        # A package the Python does not load records nothing and would time
+        # plain steps as recorded ones.
+        runs = json.loads(subprocess.run([cli, "runs", "--json", "--daemon", query],
+                                         capture_output=True, text=True, check=True).stdout)
+        if not any(r["name"] == "opguard-0" and r["ops"] > 0 for r in runs["runs"]):
+            sys.exit("step_overhead: the OPGUARD=1 runs recorded nothing (is the opguard "
+                     "package active in this Python?)")
         separate = ("plain", "opguard", "dispatch")  # one mode per process
         medians = {mode: statistics.median(samples[mode]) for mode in separate}
         cpu_medians = {mode: statistics.median(cpu[mode]) for mode in separate}

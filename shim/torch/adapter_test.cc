@@ -220,6 +220,41 @@ TEST_F(AdapterTest, LargeOutputHashedOffThreadKeepsThePreWriteBits) {
   EXPECT_TRUE(ingest_->Snapshot().gaps.empty());
 }
 
+// In-place writes run inside a tensor subclass's __torch_dispatch__ (the
+// ops on an AsyncCollectiveTensor or a DTensor) do not bump the written
+// tensor's version counter: each written op's output is the bytes written,
+// as the clone after it hashes them, never the target's earlier fingerprint.
+TEST_F(AdapterTest, WritesInsideASubclassDispatchAreHashedAsWritten) {
+  ASSERT_TRUE(Record("subclass_writes.py"));
+
+  const auto ops = Lane0Ops(*ingest_);
+  size_t writes = 0;
+  for (size_t i = 0; i + 1 < ops.size(); ++i) {
+    const std::string& name = ops[i].second;
+    if (name != "aten::copy_" && name != "aten::add_" && name != "aten::mul_" &&
+        name != "aten::add") {
+      continue;
+    }
+    size_t next = i + 1;  // torch 1.13 returns copy_'s result through an alias
+    while (next + 1 < ops.size() && ops[next].second == "aten::alias") ++next;
+    if (ops[next].second != "aten::clone") continue;
+    ++writes;
+    EXPECT_EQ(ops[i].first.out_lo, ops[next].first.out_lo) << name << " before clone " << writes;
+  }
+  EXPECT_EQ(writes, 3u * 4u) << log_;
+}
+
+// Ops on tensors without data (the meta device, FakeTensorMode) compute
+// nothing: no op records, no gaps; the real ops around them are recorded.
+TEST_F(AdapterTest, OpsOnTensorsWithoutDataAreNeitherOpsNorGaps) {
+  ASSERT_TRUE(Record("fake_tensors.py"));
+
+  std::vector<std::string> names;
+  for (const auto& op : Lane0Ops(*ingest_)) names.push_back(op.second);
+  EXPECT_EQ(names, (std::vector<std::string>{"aten::ones", "aten::mul"})) << log_;
+  EXPECT_TRUE(ingest_->Snapshot().gaps.empty()) << ingest_->Snapshot().gaps.front().reason;
+}
+
 // Ops run inside opguard.paused() regions are not recorded, on any thread,
 // nested regions included, nor are collectives (dispatcher ops and those
 // the Python wrappers record); recording resumes when the outermost one ends.

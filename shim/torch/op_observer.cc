@@ -181,6 +181,38 @@ bool CollectOutput(const at::Tensor& t, OpContext& ctx, ThreadState& ts) {
   return true;
 }
 
+// An op run inside a tensor subclass's __torch_dispatch__ (AsyncCollectiveTensor,
+// DTensor) runs below autograd: its writes do not bump the version counter
+// (the outer call bumps the outer tensor's after the op has returned, a
+// wrapper's inner tensor's never), so the cache would give its output the
+// fingerprint the target had before the write. Its written storages (an
+// in-place op's first argument, an out= argument it returns) are marked
+// written before the outputs are fingerprinted.
+void MarkUnversionedWrites(const at::RecordFunction& fn, const OpContext& ctx, ThreadState& ts) {
+  for (const c10::StorageImpl* storage : ctx.unversioned_writes) ts.cache.StorageWritten(storage);
+  for (const c10::IValue& v : fn.outputs()) {
+    if (!v.isTensor() || !v.toTensor().defined() || !v.toTensor().has_storage()) continue;
+    const at::Tensor& t = v.toTensor();
+    if (std::find(ctx.input_impls.begin(), ctx.input_impls.end(), t.unsafeGetTensorImpl()) !=
+        ctx.input_impls.end()) {
+      ts.cache.StorageWritten(t.storage().unsafeGetStorageImpl());
+    }
+  }
+}
+
+// Whether the op made a tensor that holds no data: on the meta device, or a
+// FakeTensor (meta storage behind another device). DTensor computes its
+// outputs' shapes so, under FakeTensorMode, the first time it meets an op;
+// nothing is computed, so it is not an op (nor a gap).
+bool ComputesNothing(const at::RecordFunction& fn) {
+  for (const c10::IValue& v : fn.outputs()) {
+    if (!v.isTensor() || !v.toTensor().defined()) continue;
+    const at::Tensor& t = v.toTensor();
+    if (t.is_meta() || (t.has_storage() && t.storage().device().is_meta())) return true;
+  }
+  return false;
+}
+
 bool CollectOutputs(const at::RecordFunction& fn, OpContext& ctx, ThreadState& ts) {
   const bool allocates = HasUninitialisedOutput(fn.name());
   for (const c10::IValue& v : fn.outputs()) {
@@ -389,6 +421,7 @@ std::unique_ptr<at::ObserverContext> OnFunctionStart(const at::RecordFunction& f
     // Remembered for the end, where the inputs are gone.
     auto ctx = std::make_unique<OpContext>();
     ctx->transparent = true;
+    ++ts.subclass_dispatches;
     return ctx;
   }
   int depth = ts.depth++;
@@ -434,6 +467,21 @@ std::unique_ptr<at::ObserverContext> OnFunctionStart(const at::RecordFunction& f
     ctx->seq_begin = PeekSequenceNumber();
   }
   CollectInputs(fn, *ctx, ts);
+  if (ts.subclass_dispatches > 0) {
+    ctx->in_subclass_dispatch = true;
+    if (IsInPlace(fn.name()) && !fn.inputs().empty()) {
+      auto written = [&ctx](const at::Tensor& t) {
+        if (t.defined() && t.has_storage()) {
+          ctx->unversioned_writes.push_back(t.storage().unsafeGetStorageImpl());
+        }
+      };
+      const c10::IValue& target = fn.inputs()[0];
+      if (target.isTensor()) written(target.toTensor());
+      if (target.isTensorList()) {
+        for (const c10::IValue& t : target.toListRef()) written(t.toTensor());
+      }
+    }
+  }
   // The ops this one runs inside itself are not recorded (only depth 0 is):
   // switching RecordFunction off on this thread until the op ends spares
   // them the boxing of their inputs and outputs and both callbacks. Not
@@ -470,6 +518,7 @@ void OnFunctionEnd(const at::RecordFunction& fn, OpContext* ctx, ThreadState& ts
     const uint64_t nested = ts.nested_calls - ctx->nested_calls_at_start;
     ts.nests.insert_or_assign(fn.name(), nested >= kNestedOpsWorthTheSwitch ? 2 : 1);
   }
+  if (ctx != nullptr && ctx->transparent) --ts.subclass_dispatches;
   if (IsEngineWrapper(fn) || (ctx != nullptr && ctx->transparent)) return;
   --ts.depth;
   if (ctx == nullptr && IsFunctionalCollective(fn.name())) {
@@ -494,7 +543,9 @@ void OnFunctionEnd(const at::RecordFunction& fn, OpContext* ctx, ThreadState& ts
   }
   if (ctx == nullptr || !Recording()) return;
   uint32_t lane = LaneOf(ts);
+  if (ctx->in_subclass_dispatch) MarkUnversionedWrites(fn, *ctx, ts);
   if (ctx->unfingerprintable || !CollectOutputs(fn, *ctx, ts)) {
+    if (ComputesNothing(fn)) return;  // not an op, nor a gap
     opguard_report_gap(lane, 1, "tensor without host bytes (device, sparse or quantized)", nullptr);
     return;
   }

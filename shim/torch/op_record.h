@@ -92,6 +92,11 @@ class OpContext final : public at::ObserverContext {
   TensorRecords<8> list_tensors;  // TensorList inputs, back to back
   TensorRecords<4> outputs;
   c10::SmallVector<const c10::TensorImpl*, 8> input_impls;  // to tell writes from views
+  // Run inside a tensor subclass's __torch_dispatch__, where writes do not
+  // bump version counters: the storages an in-place op writes (its first
+  // argument's), marked written in the cache at its end.
+  bool in_subclass_dispatch = false;
+  c10::SmallVector<const c10::StorageImpl*, 2> unversioned_writes;
 
   void AddTensorInput(const opguard_value& value, Shapes::At shape) {
     inputs.push_back(value);

@@ -81,6 +81,37 @@ class TrainingPatterns(harness.DaemonTestCase):
         self.assertEqual(report["diverging_ranks"], [1])
         self.assertEqual({e["rank"]: e["from_rank"] for e in report["explained"]}, {0: 1})
 
+    def assert_shard_flip_named(self, pattern, script, needle):
+        """A bit flipped in rank 1's shard at step 1 (shardflip:1:1, no op
+        does it) is named on rank 1 at step 1, at the first op that reads
+        the shard (inputs differ), on the line containing `needle` of
+        `script`; rank 0 diverges only through a collective and is explained
+        by rank 1. Returns the first divergence."""
+        if pattern in self.missing:
+            self.skipTest(self.missing[pattern])
+        self.train(pattern, f"{pattern}-ref")
+        self.train(pattern, f"{pattern}-shardflip", fault="shardflip:1:1")
+        report = self.daemon.cli_json("diff", f"{pattern}-ref", f"{pattern}-shardflip")
+        self.assertEqual(report["status"], "diverged", json.dumps(report, indent=1)[:3000])
+        first = report["first_divergence"]
+        self.assertEqual((first["rank"], first["step"]), (1, 1), json.dumps(first)[:3000])
+        self.assertFalse(first["inputs_equal"], json.dumps(first)[:3000])
+        line = harness.line_of(script, needle)
+        for run in ("reference", "suspect"):
+            self.assertEqual(os.path.basename(first["site"][run]["file"]),
+                             os.path.basename(script), first["site"][run])
+            self.assertEqual(first["site"][run]["line"], line, first["site"][run])
+        self.assertEqual(report["diverging_ranks"], [1])
+        self.assertEqual({e["rank"]: e["from_rank"] for e in report["explained"]}, {0: 1})
+        return first
+
+    def test_bit_flip_in_one_ranks_fsdp2_parameter_shard(self):
+        """FSDP2: rank 1's shard of the embedding (a root parameter) is read
+        first when FSDP2 copies it into the all-gather's input before the
+        model's forward: named at the model's call; rank 0 diverges at the
+        all-gather."""
+        self.assert_shard_flip_named("fsdp2", SCRIPT, "logits = model(idx)")
+
 
 if __name__ == "__main__":
     unittest.main()

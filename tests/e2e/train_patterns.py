@@ -6,8 +6,10 @@ keep out of the comparison.
 
 Launch: python3 train_patterns.py PATTERN [FAULT] (torch.multiprocessing.spawn);
 python3 train_patterns.py --missing names the patterns this torch cannot train.
-FAULT, for the functional pattern: shardflip:RANK:STEP flips one bit of RANK's
-gradient shard in memory at STEP, before the shards are all-gathered.
+FAULT: shardflip:RANK:STEP flips one bit in memory on RANK at STEP (no op
+does it): for functional, of the gradient shard before the shards are
+all-gathered; for fsdp2, of the embedding's parameter shard before the
+forward.
 """
 import datetime
 import io
@@ -39,6 +41,7 @@ PATTERNS = {
     "torchscript": "a TorchScript module run each step",
     "functional": "gradients averaged with functional collectives (reduce-scatter, all-gather, "
                   "all-reduce: what FSDP2 and DTensor issue)",
+    "fsdp2": "FSDP2: fully_shard on each block and on the model",
 }
 DDP = ("ddp_buckets", "ddp_unused", "ddp_static_graph", "ddp_no_sync", "ddp_python_hook")
 
@@ -64,8 +67,18 @@ def missing_features():
                        "torch.distributed._functional_collectives"),
     }
     needs["checkpoint_reentrant"] = needs["checkpoint"]
+    needs["fsdp2"] = (_importable("torch.distributed.fsdp", "fully_shard"),
+                      "torch.distributed.fsdp.fully_shard")
     return {pattern: f"this torch ({torch.__version__}) has no {what}"
             for pattern, (present, what) in needs.items() if not present}
+
+
+def _importable(module, name):
+    import importlib
+    try:
+        return hasattr(importlib.import_module(module), name)
+    except Exception:  # noqa: BLE001  (1.13's torch.distributed.fsdp fails on Python 3.11)
+        return False
 
 
 def _has_functional_collectives():
@@ -96,9 +109,24 @@ def functional_average(params, world, flip):
         offset += p.numel()
 
 
-def wrap(core, pattern):
-    """The model the step runs: DDP for the DDP patterns, else `core` (its
-    gradients averaged with dist.all_reduce after backward)."""
+def fully_sharded(core, world):
+    """FSDP2: every block, then the model, sharded over a 1-D mesh: the
+    parameters are all-gathered before each forward and backward, the
+    gradients reduce-scattered."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    mesh = init_device_mesh("cpu", (world,))
+    for block in core.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(core, mesh=mesh)
+
+
+def wrap(core, pattern, world):
+    """The model the step runs: DDP for the DDP patterns, FSDP2's modules for
+    fsdp2, else `core` (its gradients averaged with dist.all_reduce after
+    backward)."""
+    if pattern == "fsdp2":
+        fully_sharded(core, world)
     if pattern not in DDP:
         return core
     from torch.nn.parallel import DistributedDataParallel
@@ -161,7 +189,7 @@ def run(rank, world, pattern, fault):
                             timeout=datetime.timedelta(seconds=60))
     torch.manual_seed(1234)
     core = TinyGPT(d_model=32)
-    model = wrap(core, pattern)
+    model = wrap(core, pattern, world)
     if pattern.startswith("checkpoint") and pattern != "checkpoint_save":
         checkpointed(core, reentrant=pattern == "checkpoint_reentrant")
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
@@ -172,6 +200,8 @@ def run(rank, world, pattern, fault):
     for step in range(3):
         idx = next(batches) if batches else torch.randint(0, 64, (4, 16), generator=gen)
         target = torch.roll(idx, -1, dims=1)
+        if fault == f"shardflip:{rank}:{step}" and pattern == "fsdp2":
+            flip_bit_in_memory(core.tok.weight.to_local(), index=3, bit=22)
         if pattern == "ddp_no_sync" and step == 0:
             with model.no_sync():
                 F.cross_entropy(model(idx).view(-1, 64), target.view(-1)).backward()
@@ -187,7 +217,7 @@ def run(rank, world, pattern, fault):
         if pattern == "functional":
             functional_average(list(model.parameters()), world,
                                flip=fault == f"shardflip:{rank}:{step}")
-        elif pattern not in DDP:
+        elif pattern not in DDP + ("fsdp2",):
             for p in model.parameters():
                 dist.all_reduce(p.grad)
                 p.grad /= world
