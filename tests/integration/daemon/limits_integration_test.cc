@@ -330,8 +330,9 @@ void RecordTwinRuns(testing::DaemonProcess& d, uint64_t ops,
 // for all of them (3.7 s -> 32.7 s). Each is now cancelled when its
 // connection closes: together they cost less than a few diffs' CPU, and the
 // diff asked after them takes about as long as one alone. (Bounds relative
-// to one diff measured here; each abandoned diff needs a run no earlier
-// query read, so none is answered from the trace cache.)
+// to one diff measured here. Each abandoned diff needs a run no earlier
+// query read, so none is answered from the trace cache; the diff after them
+// is, so their CPU is what shows that they stopped.)
 TEST_F(LimitsTest, AbandonedDiffsAreCancelledAndDoNotDelayTheNextOne) {
   auto d = StartDaemon();
   ASSERT_TRUE(d->Running());
