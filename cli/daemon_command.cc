@@ -91,8 +91,8 @@ int RunsMain(const DaemonArgs& args) {
     std::printf("no runs stored on %s\n", args.endpoint.c_str());
     return 0;
   }
-  std::printf("%-28s %6s %12s %7s %8s %-20s %-20s %s\n", "RUN", "RANKS", "OPS", "STEPS", "GAPS", "STARTED",
-              "LAST RECORD", "FRAMEWORK");
+  std::printf("%-28s %-10s %6s %12s %7s %8s %-20s %-20s %s\n", "RUN", "OWNER", "RANKS", "OPS", "STEPS", "GAPS",
+              "STARTED", "LAST RECORD", "FRAMEWORK");
   for (const auto* run : *list->runs()) {
     uint64_t ops = 0, steps = 0, gaps = 0;
     size_t ranks = 0, ended = 0;
@@ -107,7 +107,12 @@ int RunsMain(const DaemonArgs& args) {
     }
     std::string rank_text = std::to_string(ranks);
     if (run->world_size() && run->world_size() != ranks) rank_text += "/" + std::to_string(run->world_size());
-    std::printf("%-28s %6s %12llu %7llu %8llu %-20s %-20s %s%s\n", Str(run->name()).c_str(), rank_text.c_str(),
+    // The owner's name on the daemon's host, else its uid; "-": unknown.
+    const std::string owner = run->owner_uid() < 0                     ? "-"
+                              : run->owner() && run->owner()->size() != 0 ? Str(run->owner())
+                                                                      : std::to_string(run->owner_uid());
+    std::printf("%-28s %-10s %6s %12llu %7llu %8llu %-20s %-20s %s%s\n", Str(run->name()).c_str(), owner.c_str(),
+                rank_text.c_str(),
                 static_cast<unsigned long long>(ops), static_cast<unsigned long long>(steps),
                 static_cast<unsigned long long>(gaps), FormatTime(run->start_ns()).c_str(),
                 FormatTime(run->end_ns()).c_str(), Str(run->framework()).c_str(),

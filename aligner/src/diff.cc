@@ -229,6 +229,7 @@ Result<RankDiff> DiffRank(const RankTrace& ref, const RankTrace& sus, const Diff
   std::vector<LaneWork> work;
   work.reserve(lane_ids.size());
   for (uint32_t id : lane_ids) {
+    OPGUARD_RETURN_IF_ERROR(CheckCancel(ctx.cancel));
     LaneWork w;
     w.lane = id;
     w.ref = FindLane(ref, id);

@@ -26,6 +26,20 @@ TEST(DiffRank, IdenticalRuns) {
   EXPECT_EQ(d.aligned, 6u);
 }
 
+TEST(DiffRank, ACancelledDiffStopsWithTheTokensError) {
+  auto r = Rank(0, "A B C D E F");
+  CancelToken gone;
+  gone.Cancel(CancelToken::Reason::kClientGone);
+  DiffContext ctx;
+  ctx.cancel = &gone;
+  Result<RankDiff> d = DiffRank(r, r, ctx);
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().message(), "query cancelled: its client went away");
+  CancelToken open;
+  ctx.cancel = &open;
+  EXPECT_TRUE(DiffRank(r, r, ctx).ok());
+}
+
 TEST(DiffRank, DivergenceInFirstOp) {
   RankDiff d = Diff(Rank(0, "A B C D"), Rank(0, "A#bad B C D"));
   ASSERT_EQ(d.status, DiffStatus::kDiverged);

@@ -19,19 +19,12 @@
 # REPS (timed repetitions, default 3), DIFF_RATE (ops/s of the 1M-op
 # recordings, default 100000).
 set -euo pipefail
-ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
-BUILD="${OPGUARD_BUILD_DIR:-$ROOT/build-release}"
-OPGUARDD="$BUILD/daemon/opguardd"
-CLI="$BUILD/cli/opguard"
-LOADGEN="$BUILD/tools/loadgen/opguard-loadgen"
+source "$(dirname "$0")/../tools.sh"
 CLUSTER_OPS="${CLUSTER_OPS:-20000}"
 DIFF_OPS="${DIFF_OPS:-1000000}"
 REPS="${REPS:-3}"
 DIFF_RATE="${DIFF_RATE:-100000}"  # ops/s the 1M-op traces are recorded at
 NODES=16
-for f in "$OPGUARDD" "$CLI" "$LOADGEN"; do
-  [[ -x "$f" ]] || { echo "cluster_query.bench.sh: $f not built" >&2; exit 2; }
-done
 
 WORK="$(mktemp -d /tmp/og-cluster-bench.XXXXXX)"
 PIDS=()
@@ -41,19 +34,6 @@ cleanup() {
   rm -rf "$WORK"
 }
 trap cleanup EXIT
-
-start_daemon() {  # DIR [ARGS...]: starts opguardd --local DIR, waits for its query endpoint
-  local dir="$1"; shift
-  mkdir -p "$dir"
-  "$OPGUARDD" --local "$dir" --http off --log-level warn "$@" >"$dir/log" 2>&1 &
-  PIDS+=("$!")
-  for _ in $(seq 1 200); do
-    "$CLI" status --daemon "ipc://$dir/query.sock" --timeout 0.3 >/dev/null 2>&1 && return 0
-    sleep 0.1
-  done
-  echo "cluster_query.bench.sh: daemon in $dir did not start" >&2
-  exit 1
-}
 
 now() { date +%s.%N; }
 # Median seconds of REPS runs of a command; the last run's stdout in $WORK/last.json.

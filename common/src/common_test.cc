@@ -1,5 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <thread>
+
+#include "opguard/common/cancel.h"
 #include "opguard/common/hex.h"
 #include "opguard/common/log.h"
 #include "opguard/common/spdlog_sink.h"
@@ -24,6 +27,39 @@ TEST(Status, PropagatesFirstError) {
   Result<int> r = Quarter(6);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().ToString(), "invalid argument: odd: 3");
+}
+
+TEST(CancelToken, StopsOnCancelBudgetOrProcessFlagAndKeepsTheFirstReason) {
+  CancelToken open;
+  EXPECT_TRUE(open.Check().ok());
+  EXPECT_TRUE(CheckCancel(nullptr).ok());
+
+  CancelToken gone(std::chrono::hours(1));
+  gone.Cancel(CancelToken::Reason::kClientGone);
+  gone.Cancel(CancelToken::Reason::kStopping);
+  EXPECT_EQ(gone.reason(), CancelToken::Reason::kClientGone);
+  EXPECT_EQ(gone.Check().message(), "query cancelled: its client went away");
+
+  CancelToken budget(std::chrono::milliseconds(20));
+  EXPECT_TRUE(budget.Check().ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  EXPECT_EQ(CheckCancel(&budget).message(), "query exceeded its time budget of 20 ms");
+  EXPECT_EQ(budget.reason(), CancelToken::Reason::kTimeBudget);
+  EXPECT_EQ(CancelToken(std::chrono::seconds(120)).Message(), "not cancelled");
+
+  std::atomic<bool> stopping{false};
+  CancelToken both(std::chrono::seconds(2), &stopping);
+  EXPECT_TRUE(both.Check().ok());
+  stopping = true;
+  EXPECT_EQ(both.Check().message(), "daemon is stopping");
+  stopping = false;  // the first reason stays
+  EXPECT_EQ(both.reason(), CancelToken::Reason::kStopping);
+}
+
+TEST(CancelToken, NamesWholeSecondsOfTheBudget) {
+  CancelToken t(std::chrono::seconds(2));
+  t.Cancel(CancelToken::Reason::kTimeBudget);
+  EXPECT_EQ(t.Check().message(), "query exceeded its time budget of 2 s");
 }
 
 TEST(Hex, RoundTripsAndRejectsBadDigits) {

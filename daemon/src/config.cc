@@ -247,6 +247,19 @@ std::unique_ptr<CLI::App> MakeApp(Config* c, Flags* flags) {
   add("queries", "--query.max-trace-page", c->max_trace_page, "N",
       "ops per trace answer at most (default 10000)")
       ->check(CLI::Range(1, 1000000));
+  add_size("queries", "--query.trace-cache-bytes", c->query_trace_cache_bytes,
+           "rank traces kept between queries (~80 bytes per op;\ndefault 256MiB; 0: none)");
+  const auto millis = Units(CLI::AsNumberWithUnit(std::map<std::string, uint64_t>{
+                                {"ms", 1}, {"s", 1000}, {"m", 60000}, {"min", 60000}, {"h", 3600000}}),
+                            "a duration (500ms, 90s, 15m)");
+  app->add_option_function<uint64_t>(
+         "--query.time-budget",
+         [c](uint64_t ms) { c->query_time_budget = std::chrono::milliseconds(ms); },
+         "how long one diff, ranks, collectives or alignment\nquery may compute (default 120s)")
+      ->group("queries")
+      ->option_text("DUR")
+      ->transform(millis)
+      ->check(CLI::Range(uint64_t{1}, uint64_t{24} * 3600000));
   return app;
 }
 

@@ -63,7 +63,8 @@ TEST(Config, FileFormat) {
       "storage.background_jobs = 4\n"
       "storage.compression = zstd\n"
       "storage.compaction = universal\n"
-      "query.max_trace_page = 500\n");
+      "query.max_trace_page = 500\n"
+      "query.time_budget = 1500ms\n");
   auto c = Parse({"--config", file.path()});
   ASSERT_TRUE(c.ok()) << c.status().message();
   EXPECT_EQ(c->config_path, file.path());
@@ -83,6 +84,21 @@ TEST(Config, FileFormat) {
   EXPECT_EQ(c->compression, "zstd");
   EXPECT_EQ(c->compaction, "universal");
   EXPECT_EQ(c->max_trace_page, 500u);
+  EXPECT_EQ(c->query_time_budget.count(), 1500);
+}
+
+TEST(Config, QueryTimeBudgetTakesUnitsAndRefusesZero) {
+  auto c = Parse({});
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->query_time_budget.count(), 120000);
+  c = Parse({"--query.time-budget", "5m"});
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->query_time_budget.count(), 300000);
+  EXPECT_FALSE(Parse({"--query.time-budget", "0s"}).ok());
+  auto bad = Parse({"--query.time-budget", "soon"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("'soon' is not a duration"), std::string::npos)
+      << bad.status().message();
 }
 
 TEST(Config, TheShippedConfigFileParses) {
@@ -203,6 +219,7 @@ TEST(Config, HelpDocumentsEveryFlag) {
                            "--retention.max-age",
                            "--retention.interval",
                            "--query.max-trace-page",
+                           "--query.time-budget",
                            "--help",
                            "retention.max_bytes",
                            "SIGTERM"}) {

@@ -210,6 +210,7 @@ int Daemon::Run() {
   d.store = std::move(store).value();
   d.ingest = std::make_unique<Ingest>(c, d.store.get(), &d.registry, &d.metrics, &d.context);
   d.ingest->SetOnRunDeleted([&d](uint64_t id) {
+    if (d.service) d.service->ForgetRun(id);
     std::lock_guard<std::mutex> lock(d.maint_mu);
     d.to_compact.push_back(id);
     d.maint_cv.notify_one();
@@ -234,10 +235,10 @@ int Daemon::Run() {
   }
   // Peers ask for the JSON API of ranks stored here; they get this node's
   // answer only (no viewer files, no forwarding again).
-  d.service->SetApiRouter([&d](const std::string& target) -> std::pair<int, std::string> {
+  d.service->SetApiRouter([&d](const std::string& target, const CancelToken* cancel) -> std::pair<int, std::string> {
     if (!IsForwardableApiRoute(target)) return {400, R"({"error":"not a JSON API route peers answer"})"};
     try {
-      HttpResponse r = RouteHttp("GET", target, d.service.get(), &d.metrics, d.store.get());
+      HttpResponse r = RouteHttp("GET", target, d.service.get(), &d.metrics, d.store.get(), {}, cancel);
       return {r.status, std::move(r.body)};
     } catch (const std::exception& e) {
       return {500, nlohmann::json{{"error", std::string("internal error: ") + e.what()}}.dump()};

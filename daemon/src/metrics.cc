@@ -125,6 +125,11 @@ std::string Metrics::Prometheus(const Store& store, uint64_t runs, double uptime
        "Admin requests refused: sent over TCP, or by a uid that neither owns the run nor administers "
        "the daemon.");
   Line(&o, "opguard_queries_denied_total", "", L(queries_denied));
+  Head(&o, "opguard_queries_cancelled_total", "counter",
+       "Aligner queries (diff, ranks, collectives, alignment) stopped before their answer: the "
+       "client went away, or the query ran past query.time_budget.");
+  Line(&o, "opguard_queries_cancelled_total", "{reason=\"client_gone\"}", L(queries_client_gone));
+  Line(&o, "opguard_queries_cancelled_total", "{reason=\"time_budget\"}", L(queries_over_budget));
   Head(&o, "opguard_curve_denied_total", "counter",
        "CURVE handshakes refused: the client's public key is not in curve.authorized_keys.");
   Line(&o, "opguard_curve_denied_total", "", L(curve_denied));

@@ -64,6 +64,9 @@ nlohmann::json RunJson(const wire::RunSummary& run) {
           {"job_id", Str(run.job_id())},
           {"world_size", run.world_size()},
           {"framework", Str(run.framework())},
+          {"owner_uid", run.owner_uid() >= 0 ? nlohmann::json(run.owner_uid()) : nlohmann::json()},
+          {"owner", run.owner_uid() >= 0 && run.owner() && run.owner()->size() != 0
+                        ? nlohmann::json(Str(run.owner())) : nlohmann::json()},
           {"start_ns", run.start_ns()},
           {"end_ns", run.end_ns()},
           {"ops", ops},

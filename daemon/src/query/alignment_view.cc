@@ -74,7 +74,7 @@ nlohmann::json OpJson(const aligner::OpEvent& e, const StoreStrings& strings) {
 Result<std::shared_ptr<const AlignmentView>> AlignmentViews::Get(const RunState& ref,
                                                                  const RunState& sus, uint32_t rank,
                                                                  uint32_t lane,
-                                                                 const std::atomic<bool>* cancel) {
+                                                                 const CancelToken* cancel) {
   const std::string key = CacheKey(ref, sus, rank, lane);
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -89,22 +89,21 @@ Result<std::shared_ptr<const AlignmentView>> AlignmentViews::Get(const RunState&
     return NotFound("rank " + std::to_string(rank) + " is not held here for both '" + ref.name +
                     "' and '" + sus.name + "'");
   }
-  StoreDetails ref_details(store_, ref.id), sus_details(store_, sus.id);
-  auto ref_loading =
-      std::async(std::launch::async, [&] { return ref_details.LoadRank(rank, cancel); });
-  auto sus_loaded = sus_details.LoadRank(rank, cancel);
+  RunReader ref_reader(store_, ref, traces_), sus_reader(store_, sus, traces_);
+  auto ref_loading = std::async(std::launch::async, [&] { return ref_reader.Rank(rank, cancel); });
+  auto sus_loaded = sus_reader.Rank(rank, cancel);
   auto ref_loaded = ref_loading.get();
-  OPGUARD_ASSIGN_OR_RETURN(auto ref_trace, std::move(ref_loaded));
-  OPGUARD_ASSIGN_OR_RETURN(auto sus_trace, std::move(sus_loaded));
+  OPGUARD_ASSIGN_OR_RETURN(SharedTrace ref_trace, std::move(ref_loaded));
+  OPGUARD_ASSIGN_OR_RETURN(SharedTrace sus_trace, std::move(sus_loaded));
   auto view = std::make_shared<AlignmentView>(store_, ref.id, sus.id);
   std::set<uint32_t> lanes;
   bool found = false;
-  for (auto* trace : {&ref_trace, &sus_trace}) {
-    for (auto& l : trace->lanes) {
+  for (const bool reference : {true, false}) {
+    for (const auto& l : (reference ? ref_trace : sus_trace)->lanes) {
       lanes.insert(l.lane);
       if (l.lane != lane) continue;
       found = true;
-      (trace == &ref_trace ? view->ref : view->sus) = std::move(l);
+      (reference ? view->ref : view->sus) = l;  // a copy: the cache keeps its own
     }
   }
   if (!found)

@@ -24,7 +24,7 @@
 
 #include "opguard/aligner/trace.h"
 #include "opguard/common/status.h"
-#include "query/trace_source.h"
+#include "query/trace_cache.h"
 #include "registry/run_state.h"
 #include "storage/store.h"
 
@@ -50,13 +50,14 @@ struct AlignmentView {
 
 class AlignmentViews {
  public:
-  explicit AlignmentViews(const Store* store) : store_(store) {}
+  AlignmentViews(const Store* store, TraceCache* traces) : store_(store), traces_(traces) {}
   Result<std::shared_ptr<const AlignmentView>> Get(const RunState& ref, const RunState& sus,
                                                    uint32_t rank, uint32_t lane,
-                                                   const std::atomic<bool>* cancel);
+                                                   const CancelToken* cancel);
 
  private:
   const Store* store_;
+  TraceCache* traces_;  // may be null
   std::mutex mu_;
   std::list<std::pair<std::string, std::shared_ptr<const AlignmentView>>>
       cache_;  // most recent first

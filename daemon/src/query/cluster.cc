@@ -11,7 +11,7 @@
 #include "opguard/aligner/diff.h"
 #include "opguard/daemon/client.h"
 #include "opguard/daemon/report_wire.h"
-#include "query/trace_source.h"
+#include "query/trace_cache.h"
 
 namespace opguard::daemon {
 namespace {
@@ -216,37 +216,34 @@ std::vector<uint32_t> DiffRanksHere(const RunState& ref, const RunState& sus, in
 }
 
 // Aligns `local` ranks of the two runs as stored here, into part->ranks.
-Status DiffHere(const Store& store, const RunState& ref, const RunState& sus,
+Status DiffHere(const Store& store, TraceCache* traces, const RunState& ref, const RunState& sus,
                 const std::vector<uint32_t>& local, const wire::DiffRequest& q,
-                const std::atomic<bool>* cancel, DiffPart* part) {
-  std::map<uint32_t, std::vector<aligner::CollectiveEvent>> collectives;
+                const CancelToken* cancel, DiffPart* part) {
   if (!local.empty()) {
-    OPGUARD_ASSIGN_OR_RETURN(collectives, LoadCollectives(store, sus.id));
     OPGUARD_ASSIGN_OR_RETURN(auto comms, LoadCommunicators(store, sus.id));
     for (auto& c : comms) part->communicators.emplace(c.id, std::move(c));
   }
-  StoreDetails ref_details(&store, ref.id), sus_details(&store, sus.id);
-  StoreStrings ref_strings(&store, ref.id), sus_strings(&store, sus.id);
+  RunReader ref_reader(&store, ref, traces), sus_reader(&store, sus, traces);
   aligner::DiffContext ctx;
-  ctx.reference_details = &ref_details;
-  ctx.suspect_details = &sus_details;
-  ctx.reference_strings = &ref_strings;
-  ctx.suspect_strings = &sus_strings;
+  ctx.reference_details = &ref_reader.details();
+  ctx.suspect_details = &sus_reader.details();
+  ctx.reference_strings = &ref_reader.strings();
+  ctx.suspect_strings = &sus_reader.strings();
   ctx.options.tolerate_gaps_older_than = q.tolerate_gaps_older_than();
+  ctx.cancel = cancel;
   for (uint32_t r : local) {
-    // One rank at a time: two traces of ~80 bytes per op in memory at most.
-    // The two runs' scans (read, decompress, verify, reduce to events) are
-    // independent: the reference's runs on a second thread.
-    auto ref_loading = std::async(std::launch::async, [&ref_details, r, cancel] {
-      return ref_details.LoadRank(r, cancel);
+    // One rank at a time: two traces of ~80 bytes per op in memory at most
+    // (besides the cache). The two runs' scans (read, decompress, verify,
+    // reduce to events) are independent: the reference's runs on a second
+    // thread.
+    auto ref_loading = std::async(std::launch::async, [&ref_reader, r, cancel] {
+      return ref_reader.Rank(r, cancel);
     });
-    auto sus_loaded = sus_details.LoadRank(r, cancel);
+    auto sus_loaded = sus_reader.Rank(r, cancel);
     auto ref_loaded = ref_loading.get();
-    OPGUARD_ASSIGN_OR_RETURN(auto ref_trace, std::move(ref_loaded));
-    OPGUARD_ASSIGN_OR_RETURN(auto sus_trace, std::move(sus_loaded));
-    if (auto it = collectives.find(r); it != collectives.end())
-      sus_trace.collectives = std::move(it->second);
-    OPGUARD_ASSIGN_OR_RETURN(auto d, aligner::DiffRank(ref_trace, sus_trace, ctx));
+    OPGUARD_ASSIGN_OR_RETURN(SharedTrace ref_trace, std::move(ref_loaded));
+    OPGUARD_ASSIGN_OR_RETURN(SharedTrace sus_trace, std::move(sus_loaded));
+    OPGUARD_ASSIGN_OR_RETURN(auto d, aligner::DiffRank(*ref_trace, *sus_trace, ctx));
     part->ranks.push_back(std::move(d));
   }
   return Status::Ok();
@@ -383,10 +380,12 @@ std::pair<aligner::DiffStatus, std::vector<uint32_t>> CollectivesVerdict(
 }  // namespace
 
 ClusterQueries::ClusterQueries(const Config& config, const Store* store, const RunRegistry* registry,
-                               std::string node)
-    : config_(config), store_(store), registry_(registry), node_(std::move(node)) {}
+                               TraceCache* traces, std::string node)
+    : config_(config), store_(store), registry_(registry), traces_(traces), node_(std::move(node)) {}
 
-Result<std::string> ClusterQueries::Diff(const wire::DiffRequest& q) {
+Result<std::string> ClusterQueries::Diff(const wire::DiffRequest& q, const CancelToken* cancel) {
+  // A query abandoned while it waited for a worker stops here.
+  OPGUARD_RETURN_IF_ERROR(CheckCancel(cancel));
   const std::string ref_name = Str(q.reference()), sus_name = Str(q.suspect());
   if (ref_name.empty() || sus_name.empty())
     return InvalidArgument("diff needs a reference and a suspect run");
@@ -410,7 +409,7 @@ Result<std::string> ClusterQueries::Diff(const wire::DiffRequest& q) {
   self.node = node_;
   if (ref && sus) {
     const std::vector<uint32_t> local = DiffRanksHere(*ref, *sus, q.rank(), node_, &part);
-    OPGUARD_RETURN_IF_ERROR(DiffHere(*store_, *ref, *sus, local, q, &cancel_, &part));
+    OPGUARD_RETURN_IF_ERROR(DiffHere(*store_, traces_, *ref, *sus, local, q, cancel, &part));
     self.ranks = local;
   } else if (!q.local_only()) {
     if (!ref && !sus) {
@@ -452,7 +451,9 @@ Result<std::string> ClusterQueries::Diff(const wire::DiffRequest& q) {
   return DiffAnswerBytes(part, merged);
 }
 
-Result<std::string> ClusterQueries::Collectives(const wire::CollectivesRequest& q) {
+Result<std::string> ClusterQueries::Collectives(const wire::CollectivesRequest& q,
+                                                const CancelToken* cancel) {
+  OPGUARD_RETURN_IF_ERROR(CheckCancel(cancel));
   const std::string name = Str(q.run());
   if (name.empty()) return InvalidArgument("collectives needs a run name");
   std::vector<PeerCall> calls;
@@ -470,7 +471,9 @@ Result<std::string> ClusterQueries::Collectives(const wire::CollectivesRequest& 
   if (auto run = registry_->Find(name)) {
     part.knows_run = true;
     for (uint32_t r : ExpectedRanks(run->world_size, run->ranks)) part.expected.insert(r);
+    OPGUARD_RETURN_IF_ERROR(CheckCancel(cancel));
     OPGUARD_ASSIGN_OR_RETURN(auto all, LoadCollectives(*store_, run->id));
+    OPGUARD_RETURN_IF_ERROR(CheckCancel(cancel));
     std::set<uint64_t> site_ids;
     std::vector<uint32_t> local;
     for (const auto& [r, s] : run->ranks) local.push_back(r);
@@ -519,7 +522,8 @@ Result<std::string> ClusterQueries::Collectives(const wire::CollectivesRequest& 
   return Bytes(b);
 }
 
-Result<std::string> ClusterQueries::Ranks(const wire::RanksRequest& q) {
+Result<std::string> ClusterQueries::Ranks(const wire::RanksRequest& q, const CancelToken* cancel) {
+  OPGUARD_RETURN_IF_ERROR(CheckCancel(cancel));
   const std::string name = Str(q.run());
   if (name.empty()) return InvalidArgument("ranks needs a run name");
   std::vector<uint32_t> replicas;
@@ -537,7 +541,7 @@ Result<std::string> ClusterQueries::Ranks(const wire::RanksRequest& q) {
   cq.Finish(wire::CreateCollectivesRequest(cq, cq.CreateString(name), true, q.peer_timeout_ms()));
   OPGUARD_ASSIGN_OR_RETURN(
       std::string local_bytes,
-      Collectives(*flatbuffers::GetRoot<wire::CollectivesRequest>(cq.GetBufferPointer())));
+      Collectives(*flatbuffers::GetRoot<wire::CollectivesRequest>(cq.GetBufferPointer()), cancel));
   CollectivesPart part;
   const auto* local = wire::GetEnvelope(local_bytes.data())->message_as_CollectivesAnswer();
   MergeCollectives(&part, *local);
@@ -554,21 +558,18 @@ Result<std::string> ClusterQueries::Ranks(const wire::RanksRequest& q) {
       if (run->ranks.count(r)) held.push_back(r);
     }
     if (held.size() >= 2) {
-      std::vector<aligner::RankTrace> traces;
-      OPGUARD_ASSIGN_OR_RETURN(auto collectives, LoadCollectives(*store_, run->id));
-      StoreDetails details(store_, run->id);
+      std::vector<SharedTrace> traces;
+      RunReader reader(store_, *run, traces_);
       for (uint32_t r : held) {
-        OPGUARD_ASSIGN_OR_RETURN(auto t, details.LoadRank(r, &cancel_));
-        if (auto it = collectives.find(r); it != collectives.end())
-          t.collectives = std::move(it->second);
+        OPGUARD_ASSIGN_OR_RETURN(auto t, reader.Rank(r, cancel));
         traces.push_back(std::move(t));
       }
       std::vector<const aligner::RankTrace*> ptrs;
-      for (const auto& t : traces) ptrs.push_back(&t);
-      StoreStrings strings(store_, run->id);
+      for (const auto& t : traces) ptrs.push_back(t.get());
       aligner::DiffContext ctx;
-      ctx.reference_details = ctx.suspect_details = &details;
-      ctx.reference_strings = ctx.suspect_strings = &strings;
+      ctx.reference_details = ctx.suspect_details = &reader.details();
+      ctx.reference_strings = ctx.suspect_strings = &reader.strings();
+      ctx.cancel = cancel;
       OPGUARD_ASSIGN_OR_RETURN(auto report, aligner::CompareReplicas(ptrs, ctx));
       groups.push_back(std::move(report));
       group_nodes.push_back(node_);

@@ -25,6 +25,7 @@
 #include <string>
 #include <utility>
 
+#include "opguard/common/cancel.h"
 #include "opguard/daemon/config.h"
 #include "opguard/idl/envelope.h"
 #include "registry/run_registry.h"
@@ -32,17 +33,24 @@
 
 namespace opguard::daemon {
 
+class TraceCache;
+
 inline constexpr std::chrono::milliseconds kDefaultPeerTimeout{10000};
 
 class ClusterQueries {
  public:
-  ClusterQueries(const Config& config, const Store* store, const RunRegistry* registry, std::string node);
+  // `traces` (may be null: no cache) keeps rank traces between queries.
+  ClusterQueries(const Config& config, const Store* store, const RunRegistry* registry, TraceCache* traces,
+                 std::string node);
 
   // Each returns a finished answer envelope (DiffAnswer, RanksAnswer,
-  // CollectivesAnswer) or an error Status (unknown runs, store errors).
-  Result<std::string> Diff(const wire::DiffRequest& q);
-  Result<std::string> Ranks(const wire::RanksRequest& q);
-  Result<std::string> Collectives(const wire::CollectivesRequest& q);
+  // CollectivesAnswer) or an error Status (unknown runs, store errors, a
+  // cancelled query: `cancel` is checked while this node reads and aligns;
+  // peers' answers are bounded by the peer timeout).
+  Result<std::string> Diff(const wire::DiffRequest& q, const CancelToken* cancel = nullptr);
+  Result<std::string> Ranks(const wire::RanksRequest& q, const CancelToken* cancel = nullptr);
+  Result<std::string> Collectives(const wire::CollectivesRequest& q,
+                                  const CancelToken* cancel = nullptr);
 
   // A JSON API GET this node answered 404 (it does not hold the run or rank
   // the target names), asked of every peer in parallel (ApiRequest): the
@@ -53,15 +61,12 @@ class ClusterQueries {
                                                         std::chrono::milliseconds timeout);
   bool HasPeers() const;
 
-  // Makes running and later alignments give up (daemon shutdown). Any thread.
-  void Cancel() { cancel_ = true; }
-
  private:
   const Config config_;
   const Store* store_;
   const RunRegistry* registry_;
+  TraceCache* traces_;
   const std::string node_;
-  std::atomic<bool> cancel_{false};
 };
 
 }  // namespace opguard::daemon

@@ -9,7 +9,9 @@
 #include <boost/asio/post.hpp>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
+#include <cstring>
 #include <initializer_list>
 #include <map>
 #include <cstdlib>
@@ -154,24 +156,63 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     // Off the control thread (signals, health, watchdog): alignments, and
     // asking peers for what this node does not hold. The answer comes back
-    // to this connection's strand. A diff may outlast the idle timeout.
+    // to this connection's strand. A diff may outlast the idle timeout, but
+    // not the query's time budget, nor its client.
     stream_.expires_never();
-    service_->RunAligner(false, [self = shared_from_this(), method, target, local = std::move(local)]() mutable {
-      HttpResponse r = local ? std::move(*local) : self->Route(method, target);
-      if (self->NeedsPeers(r, target)) {
+    auto token = service_->NewQueryToken();
+    WatchForHangUp(token);
+    service_->RunAligner(false, token,
+                         [self = shared_from_this(), method, target, local = std::move(local), token]() mutable {
+      HttpResponse r = local ? std::move(*local) : self->Route(method, target, token.get());
+      if (self->NeedsPeers(r, target) && token->Check().ok()) {
         if (auto peer = self->service_->ForwardApi(target)) r = {peer->first, "application/json", std::move(peer->second)};
       }
-      boost::asio::post(self->stream_.get_executor(), [self, r = std::move(r)]() mutable { self->Write(std::move(r)); });
+      boost::asio::post(self->stream_.get_executor(), [self, r = std::move(r)]() mutable { self->Answered(std::move(r)); });
     });
+  }
+
+  // While a query computes, a read on the otherwise idle connection tells
+  // whether its client hung up: end of stream or an error cancels the
+  // query, so an abandoned request stops at its next check point instead of
+  // holding a worker. Bytes a client sends meanwhile (a pipelined request)
+  // go to buffer_ for the next Read; past 64 KiB of them watching stops.
+  void WatchForHangUp(std::shared_ptr<CancelToken> token) {
+    watching_ = true;
+    stream_.async_read_some(asio::buffer(watch_buffer_),
+                            [self = shared_from_this(), token](beast::error_code ec, size_t n) {
+      self->watching_ = false;
+      if (n > 0) {
+        auto room = self->buffer_.prepare(n);
+        std::memcpy(room.data(), self->watch_buffer_.data(), n);
+        self->buffer_.commit(n);
+      }
+      if (self->answer_) {  // Answered() cancelled the watch to write
+        HttpResponse r = std::move(*self->answer_);
+        self->answer_.reset();
+        if (ec && ec != asio::error::operation_aborted) return self->Close();
+        return self->Write(std::move(r));
+      }
+      if (ec) return token->Cancel(CancelToken::Reason::kClientGone);
+      if (self->buffer_.size() < 64 * 1024) self->WatchForHangUp(token);
+    });
+  }
+
+  // The query's answer, on the strand: written at once, or once the watch
+  // read has ended (one read at a time on the stream).
+  void Answered(HttpResponse r) {
+    if (!watching_) return Write(std::move(r));
+    answer_ = std::move(r);
+    stream_.cancel();
   }
 
   bool NeedsPeers(const HttpResponse& r, const std::string& target) const {
     return r.status == 404 && service_->HasPeers() && IsForwardableApiRoute(target);
   }
 
-  HttpResponse Route(const std::string& method, const std::string& target) {
+  HttpResponse Route(const std::string& method, const std::string& target,
+                     const CancelToken* cancel = nullptr) {
     try {
-      return RouteHttp(method, target, service_, metrics_, store_, *web_root_);
+      return RouteHttp(method, target, service_, metrics_, store_, *web_root_, cancel);
     } catch (const std::exception& e) {
       return Error(500, std::string("internal error: ") + e.what());
     }
@@ -211,6 +252,9 @@ class Session : public std::enable_shared_from_this<Session> {
   beast::tcp_stream stream_;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
+  std::array<char, 4096> watch_buffer_;
+  bool watching_ = false;               // WatchForHangUp's read is pending
+  std::optional<HttpResponse> answer_;  // waits for that read to end
   std::shared_ptr<void> response_;
   QueryService* service_;
   Metrics* metrics_;
@@ -305,7 +349,8 @@ HttpResponse WebFileResponse(const std::string& web_root, const std::vector<std:
 }  // namespace
 
 HttpResponse RouteHttp(const std::string& method, const std::string& target, QueryService* service,
-                       Metrics* metrics, Store* store, const std::string& web_root) {
+                       Metrics* metrics, Store* store, const std::string& web_root,
+                       const CancelToken* cancel) {
   std::string_view path = target, query;
   if (auto q = path.find('?'); q != std::string_view::npos) {
     query = path.substr(q + 1);
@@ -390,7 +435,8 @@ HttpResponse RouteHttp(const std::string& method, const std::string& target, Que
       return Error(400, "diff needs reference= and suspect= run names");
     }
     return answer(service->DiffJson(params.Text("reference"), params.Text("suspect"),
-                                    params.Has("rank") ? static_cast<int64_t>(rank) : -1, peer_timeout_ms));
+                                    params.Has("rank") ? static_cast<int64_t>(rank) : -1, peer_timeout_ms,
+                                    cancel));
   }
   if (parts.size() == 2 && parts[1] == "alignment") {
     if (error = params.Unknown({"reference", "suspect", "rank", "lane", "from", "count", "op"}); !error.empty()) {
@@ -408,11 +454,12 @@ HttpResponse RouteHttp(const std::string& method, const std::string& target, Que
     }
     return answer(service->AlignmentJson(params.Text("reference"), params.Text("suspect"),
                                          static_cast<uint32_t>(rank), static_cast<uint32_t>(lane), from, count,
-                                         params.Has("op") ? std::optional<uint64_t>(op) : std::nullopt));
+                                         params.Has("op") ? std::optional<uint64_t>(op) : std::nullopt,
+                                         cancel));
   }
   if (parts.size() == 4 && parts[1] == "runs" && parts[3] == "collectives") {
     if (error = params.Unknown({"timeout"}); !error.empty()) return Error(400, error);
-    return answer(service->CollectivesJson(parts[2], peer_timeout_ms));
+    return answer(service->CollectivesJson(parts[2], peer_timeout_ms, cancel));
   }
   if (parts.size() == 4 && parts[1] == "runs" && parts[3] == "ranks") {
     if (error = params.Unknown({"replicas", "timeout"}); !error.empty()) return Error(400, error);
@@ -429,7 +476,7 @@ HttpResponse RouteHttp(const std::string& method, const std::string& target, Que
       replicas.push_back(static_cast<uint32_t>(r));
       i = j + 1;
     }
-    return answer(service->RanksJson(parts[2], replicas, peer_timeout_ms));
+    return answer(service->RanksJson(parts[2], replicas, peer_timeout_ms, cancel));
   }
   if (parts.size() == 6 && parts[1] == "runs" && parts[3] == "ranks" &&
       (parts[5] == "trace" || parts[5] == "lanes")) {

@@ -30,6 +30,7 @@
 #include <memory>
 #include <string>
 
+#include "opguard/common/cancel.h"
 #include "opguard/common/status.h"
 
 namespace opguard::daemon {
@@ -56,8 +57,10 @@ bool IsForwardableApiRoute(const std::string& target);
 
 // Routes one request; pure function of the daemon state (unit-testable).
 // `web_root` holds the viewer's files ("" : not installed, pages answer 404).
+// `cancel` stops an aligner route (the client went away, the time budget).
 HttpResponse RouteHttp(const std::string& method, const std::string& target, QueryService* service,
-                       Metrics* metrics, Store* store, const std::string& web_root = {});
+                       Metrics* metrics, Store* store, const std::string& web_root = {},
+                       const CancelToken* cancel = nullptr);
 
 class HttpServer {
  public:

@@ -1,6 +1,7 @@
 #include "query/query.h"
 
 #include <pthread.h>
+#include <pwd.h>
 #include <unistd.h>
 
 #include <boost/asio/post.hpp>
@@ -79,8 +80,9 @@ QueryService::QueryService(const Config& config, Store* store, const RunRegistry
       metrics_(metrics),
       admin_(config.admin_group),
       started_(std::chrono::steady_clock::now()),
-      cluster_(config, store, registry, Hostname()),
-      alignments_(store) {}
+      traces_(config.query_trace_cache_bytes),
+      cluster_(config, store, registry, &traces_, Hostname()),
+      alignments_(store, &traces_) {}
 
 bool QueryService::IsAlignerRequest(const void* data, size_t size, bool* local_only) {
   *local_only = false;
@@ -99,10 +101,24 @@ bool QueryService::IsAlignerRequest(const void* data, size_t size, bool* local_o
   }
 }
 
-void QueryService::RunAligner(bool local_only, std::function<void()> job) {
-  auto wrapped = [job = std::move(job)] {
+std::shared_ptr<CancelToken> QueryService::NewQueryToken() {
+  return std::make_shared<CancelToken>(config_.query_time_budget, &aligner_stopped_);
+}
+
+void QueryService::RunAligner(bool local_only, std::shared_ptr<const CancelToken> token,
+                              std::function<void()> job) {
+  auto wrapped = [this, token = std::move(token), job = std::move(job)] {
     pthread_setname_np(pthread_self(), "og-align");
     job();
+    switch (token->reason()) {
+      case CancelToken::Reason::kClientGone:
+        metrics_->queries_client_gone.fetch_add(1, std::memory_order_relaxed);
+        break;
+      case CancelToken::Reason::kTimeBudget:
+        metrics_->queries_over_budget.fetch_add(1, std::memory_order_relaxed);
+        break;
+      default: break;
+    }
   };
   if (local_only) {
     boost::asio::post(peer_pool_, std::move(wrapped));
@@ -112,8 +128,7 @@ void QueryService::RunAligner(bool local_only, std::function<void()> job) {
 }
 
 void QueryService::StopAligner() {
-  if (aligner_stopped_.exchange(true)) return;
-  cluster_.Cancel();
+  if (aligner_stopped_.exchange(true)) return;  // every query's token sees it
   align_pool_.stop();
   peer_pool_.stop();
   align_pool_.join();
@@ -133,12 +148,13 @@ Result<std::string> Unwrap(Result<std::string> answer) {
 }  // namespace
 
 Result<nlohmann::json> QueryService::DiffJson(const std::string& reference, const std::string& suspect,
-                                              int64_t rank, uint32_t peer_timeout_ms) {
+                                              int64_t rank, uint32_t peer_timeout_ms,
+                                              const CancelToken* cancel) {
   flatbuffers::FlatBufferBuilder b;
   b.Finish(wire::CreateDiffRequest(b, b.CreateString(reference), b.CreateString(suspect), rank, false,
                                    peer_timeout_ms, 0));
   OPGUARD_ASSIGN_OR_RETURN(std::string bytes,
-                           Unwrap(cluster_.Diff(*flatbuffers::GetRoot<wire::DiffRequest>(b.GetBufferPointer()))));
+                           Unwrap(cluster_.Diff(*flatbuffers::GetRoot<wire::DiffRequest>(b.GetBufferPointer()), cancel)));
   const auto* a = wire::GetEnvelope(bytes.data())->message_as_DiffAnswer();
   auto j = aligner::ToJson(MergeDiffAnswer(*a));
   j["nodes"] = NodesJson(a->nodes());
@@ -146,20 +162,22 @@ Result<nlohmann::json> QueryService::DiffJson(const std::string& reference, cons
 }
 
 Result<nlohmann::json> QueryService::RanksJson(const std::string& run, const std::vector<uint32_t>& replicas,
-                                               uint32_t peer_timeout_ms) {
+                                               uint32_t peer_timeout_ms, const CancelToken* cancel) {
   flatbuffers::FlatBufferBuilder b;
   b.Finish(wire::CreateRanksRequest(b, b.CreateString(run), false, peer_timeout_ms, b.CreateVector(replicas)));
   OPGUARD_ASSIGN_OR_RETURN(std::string bytes,
-                           Unwrap(cluster_.Ranks(*flatbuffers::GetRoot<wire::RanksRequest>(b.GetBufferPointer()))));
+                           Unwrap(cluster_.Ranks(*flatbuffers::GetRoot<wire::RanksRequest>(b.GetBufferPointer()), cancel)));
   return daemon::RanksJson(*wire::GetEnvelope(bytes.data())->message_as_RanksAnswer());
 }
 
-Result<nlohmann::json> QueryService::CollectivesJson(const std::string& run, uint32_t peer_timeout_ms) {
+Result<nlohmann::json> QueryService::CollectivesJson(const std::string& run, uint32_t peer_timeout_ms,
+                                                     const CancelToken* cancel) {
   flatbuffers::FlatBufferBuilder b;
   b.Finish(wire::CreateCollectivesRequest(b, b.CreateString(run), false, peer_timeout_ms));
   OPGUARD_ASSIGN_OR_RETURN(
       std::string bytes,
-      Unwrap(cluster_.Collectives(*flatbuffers::GetRoot<wire::CollectivesRequest>(b.GetBufferPointer()))));
+      Unwrap(cluster_.Collectives(*flatbuffers::GetRoot<wire::CollectivesRequest>(b.GetBufferPointer()),
+                                  cancel)));
   const auto* a = wire::GetEnvelope(bytes.data())->message_as_CollectivesAnswer();
   auto j = aligner::ToJson(CheckCollectivesAnswer(*a));
   j["nodes"] = NodesJson(a->nodes());
@@ -168,10 +186,11 @@ Result<nlohmann::json> QueryService::CollectivesJson(const std::string& run, uin
 
 Result<nlohmann::json> QueryService::AlignmentJson(const std::string& reference, const std::string& suspect,
                                                    uint32_t rank, uint32_t lane, uint64_t from, uint64_t count,
-                                                   std::optional<uint64_t> locate_sus) {
+                                                   std::optional<uint64_t> locate_sus,
+                                                   const CancelToken* cancel) {
   OPGUARD_ASSIGN_OR_RETURN(RunState ref, GetRun(reference));
   OPGUARD_ASSIGN_OR_RETURN(RunState sus, GetRun(suspect));
-  OPGUARD_ASSIGN_OR_RETURN(auto view, alignments_.Get(ref, sus, rank, lane, &aligner_stopped_));
+  OPGUARD_ASSIGN_OR_RETURN(auto view, alignments_.Get(ref, sus, rank, lane, cancel));
   auto j = AlignmentPageJson(*view, from, count, locate_sus);
   j["reference"] = reference;
   j["suspect"] = suspect;
@@ -285,7 +304,8 @@ Status QueryService::DeleteRun(const std::string& name, const Caller& caller) {
   return writer_->DeleteRun(name, std::chrono::seconds(30));
 }
 
-std::string QueryService::Answer(const void* data, size_t size, const Caller& caller) {
+std::string QueryService::Answer(const void* data, size_t size, const Caller& caller,
+                                 const CancelToken* cancel) {
   flatbuffers::FlatBufferBuilder b(4096);
   auto error = [&](const std::string& message) {
     metrics_->query_errors.fetch_add(1, std::memory_order_relaxed);
@@ -309,7 +329,7 @@ std::string QueryService::Answer(const void* data, size_t size, const Caller& ca
           error("this daemon does not answer JSON API requests");
           break;
         }
-        auto [status, body] = api_router_(target->str());
+        auto [status, body] = api_router_(target->str(), cancel);
         wire::FinishEnvelope(b, wire::CreateApiAnswer(b, static_cast<uint16_t>(status), b.CreateString(body)));
         break;
       }
@@ -356,10 +376,11 @@ std::string QueryService::Answer(const void* data, size_t size, const Caller& ca
       case wire::Message::RanksRequest:
       case wire::Message::CollectivesRequest: {
         Result<std::string> answer =
-            env->message_type() == wire::Message::DiffRequest ? cluster_.Diff(*env->message_as_DiffRequest())
+            env->message_type() == wire::Message::DiffRequest
+                ? cluster_.Diff(*env->message_as_DiffRequest(), cancel)
             : env->message_type() == wire::Message::RanksRequest
-                ? cluster_.Ranks(*env->message_as_RanksRequest())
-                : cluster_.Collectives(*env->message_as_CollectivesRequest());
+                ? cluster_.Ranks(*env->message_as_RanksRequest(), cancel)
+                : cluster_.Collectives(*env->message_as_CollectivesRequest(), cancel);
         if (!answer.ok()) {
           error(answer.status().message());
           break;
@@ -383,6 +404,19 @@ flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<wire::KeyValue>>> Pa
   return b.CreateVectorOfSortedTables(&out);
 }
 
+// The user name of `uid` on this host; empty for an unknown owner or a uid
+// without a passwd entry.
+std::string UserName(int64_t uid) {
+  if (uid < 0) return {};
+  struct passwd pw {};
+  struct passwd* found = nullptr;
+  std::vector<char> buf(4096);
+  if (getpwuid_r(static_cast<uid_t>(uid), &pw, buf.data(), buf.size(), &found) != 0 || found == nullptr) {
+    return {};
+  }
+  return pw.pw_name;
+}
+
 flatbuffers::Offset<wire::RunSummary> RunSummaryToWire(flatbuffers::FlatBufferBuilder& b, const RunState& run) {
   std::vector<flatbuffers::Offset<wire::RankSummary>> ranks;
   for (const auto& [r, s] : run.ranks) {
@@ -398,8 +432,9 @@ flatbuffers::Offset<wire::RunSummary> RunSummaryToWire(flatbuffers::FlatBufferBu
   auto framework = b.CreateString(run.framework);
   auto versions = PairsToWire(b, run.versions);
   auto environment = PairsToWire(b, run.environment);
+  auto owner = b.CreateString(UserName(run.owner_uid));
   return wire::CreateRunSummary(b, name, job_id, run.world_size, ranks_vec, run.start_ns, run.LastNs(),
-                                determinism, framework, versions, environment);
+                                determinism, framework, versions, environment, run.owner_uid, owner);
 }
 
 template <typename T>

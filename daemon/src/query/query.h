@@ -31,6 +31,7 @@
 #include "opguard/daemon/config.h"
 #include "query/alignment_view.h"
 #include "query/cluster.h"
+#include "query/trace_cache.h"
 #include "registry/run_registry.h"
 #include "storage/store.h"
 
@@ -69,36 +70,48 @@ class QueryService {
   // Removes a run for `caller` when it may (access/access.h); refusals are
   // counted in opguard_queries_denied_total.
   Status DeleteRun(const std::string& name, const Caller& caller);
+  // A run is gone (rm, retention): its cached traces are dropped. Any thread.
+  void ForgetRun(uint64_t run_id) { traces_.Forget(run_id); }
 
   // A verified request envelope in, an answer envelope out (ErrorAnswer on
   // any failure, never throws). Aligner requests block for as long as the
-  // alignment takes: callers run those through RunAligner.
-  std::string Answer(const void* data, size_t size, const Caller& caller = {});
+  // alignment takes: callers run those through RunAligner, with the query's
+  // token as `cancel`.
+  std::string Answer(const void* data, size_t size, const Caller& caller = {},
+                     const CancelToken* cancel = nullptr);
 
   // Whether `data` is an aligner request (diff, ranks, collectives), which
   // must not run on the ZeroMQ or Asio threads; *local_only is set for a
   // peer's request.
   static bool IsAlignerRequest(const void* data, size_t size, bool* local_only);
+  // A new aligner query's token: query.time_budget from now, and the
+  // daemon's shutdown. The thread serving its client cancels it when the
+  // client goes away (HTTP: the connection closes; ZeroMQ: query_server.h).
+  std::shared_ptr<CancelToken> NewQueryToken();
   // Runs `job` on an aligner worker thread ("og-align"). Peers' requests
   // (local_only) get their own pool, so a daemon whose workers all wait for
-  // peers still answers the peers that wait for it. Any thread.
-  void RunAligner(bool local_only, std::function<void()> job);
+  // peers still answers the peers that wait for it. A job whose `token` was
+  // cancelled is counted in opguard_queries_cancelled_total; a job still
+  // queued when it is cancelled stops at its first check point. Any thread.
+  void RunAligner(bool local_only, std::shared_ptr<const CancelToken> token, std::function<void()> job);
   // Cancels running alignments and joins the workers (shutdown, main thread,
   // before the query server and the store stop).
   void StopAligner();
 
   // JSON faces of the aligner queries (docs/report-format.md); they fan out
-  // to the peers like the ZeroMQ requests. Aligner worker threads only.
+  // to the peers like the ZeroMQ requests and stop when `cancel` (may be
+  // null) is cancelled. Aligner worker threads only.
   Result<nlohmann::json> DiffJson(const std::string& reference, const std::string& suspect, int64_t rank,
-                                  uint32_t peer_timeout_ms);
+                                  uint32_t peer_timeout_ms, const CancelToken* cancel);
   Result<nlohmann::json> RanksJson(const std::string& run, const std::vector<uint32_t>& replicas,
-                                   uint32_t peer_timeout_ms);
-  Result<nlohmann::json> CollectivesJson(const std::string& run, uint32_t peer_timeout_ms);
+                                   uint32_t peer_timeout_ms, const CancelToken* cancel);
+  Result<nlohmann::json> CollectivesJson(const std::string& run, uint32_t peer_timeout_ms,
+                                         const CancelToken* cancel);
   // Rows [from, from + count) of one lane's two-run alignment, for the
   // viewer (alignment_view.h); this daemon's ranks only. Aligner workers only.
   Result<nlohmann::json> AlignmentJson(const std::string& reference, const std::string& suspect,
                                        uint32_t rank, uint32_t lane, uint64_t from, uint64_t count,
-                                       std::optional<uint64_t> locate_sus);
+                                       std::optional<uint64_t> locate_sus, const CancelToken* cancel);
   // A source file `run` sent, by the path its call sites name; NotFound for
   // any file the run did not send (nothing is read from this machine's disk).
   Result<nlohmann::json> SourceJson(const std::string& run, const std::string& file) const;
@@ -108,7 +121,8 @@ class QueryService {
   // The HTTP JSON API without forwarding, as a peer's ApiRequest gets it:
   // {HTTP status, JSON body} for a target IsForwardableApiRoute accepts. Set
   // once by the daemon before serving; without it peers' requests fail.
-  using ApiRouter = std::function<std::pair<int, std::string>(const std::string& target)>;
+  using ApiRouter =
+      std::function<std::pair<int, std::string>(const std::string& target, const CancelToken* cancel)>;
   void SetApiRouter(ApiRouter router);
   // Whether peers are configured, and the first peer answer to a forwardable
   // JSON API target this node answered 404 (ClusterQueries::ForwardApi,
@@ -138,6 +152,7 @@ class QueryService {
   mutable std::mutex mu_;
   std::string http_address_;
   ApiRouter api_router_;  // set before serving, read-only after
+  TraceCache traces_;     // before its users
   ClusterQueries cluster_;
   AlignmentViews alignments_;
   boost::asio::thread_pool align_pool_{2};  // requests from the CLI and HTTP

@@ -32,6 +32,15 @@ Status QueryServer::Bind(const std::string& address) {
       e.socket->set(zmq::sockopt::curve_secretkey, curve_->secret_key);
       e.socket->set(zmq::sockopt::zap_domain, kZapDomain);
     }
+    const std::string monitor = "inproc://og-query-monitor-" +
+                                std::to_string(reinterpret_cast<uintptr_t>(this)) + "-" +
+                                std::to_string(endpoints_.size());
+    if (zmq_socket_monitor(e.socket->handle(), monitor.c_str(), ZMQ_EVENT_DISCONNECTED) != 0) {
+      throw zmq::error_t();
+    }
+    e.monitor = std::make_unique<zmq::socket_t>(*context_, zmq::socket_type::pair);
+    e.monitor->set(zmq::sockopt::linger, 0);
+    e.monitor->connect(monitor);
     e.socket->bind(address);
   } catch (const zmq::error_t& err) {
     return Unavailable("cannot bind query endpoint " + address + ": " + err.what());
@@ -64,7 +73,48 @@ void QueryServer::Stop() {
   stop_ = true;
   if (thread_.joinable()) thread_.join();
   results_.reset();
+  for (auto& e : endpoints_) {
+    if (e.socket && e.monitor) zmq_socket_monitor(e.socket->handle(), nullptr, 0);
+    e.monitor.reset();
+  }
   endpoints_.clear();
+}
+
+// A connection of endpoint `index` closed: the aligner requests read from
+// its descriptor stop at their next check point. Requests it sent before
+// closing may still be queued (libzmq delivers them after the event): they
+// are served first, so that they are cancelled too. (libzmq emits the event
+// before it closes the descriptor, so a new connection can reuse the number
+// only after it; one whose request is already queued in that instant would
+// be cancelled with the old one.)
+void QueryServer::OnMonitorEvent(size_t index) {
+  std::vector<zmq::message_t> frames;
+  if (!zmq::recv_multipart(*endpoints_[index].monitor, std::back_inserter(frames),
+                           zmq::recv_flags::dontwait) ||
+      frames.empty() || frames[0].size() < 6) {
+    return;
+  }
+  uint16_t event = 0;
+  uint32_t fd = 0;
+  std::memcpy(&event, frames[0].data(), sizeof event);
+  std::memcpy(&fd, static_cast<const char*>(frames[0].data()) + 2, sizeof fd);
+  if (event != ZMQ_EVENT_DISCONNECTED) return;
+  for (;;) {
+    frames.clear();
+    if (!zmq::recv_multipart(*endpoints_[index].socket, std::back_inserter(frames),
+                             zmq::recv_flags::dontwait)) {
+      break;
+    }
+    Serve(index, frames);
+  }
+  std::erase_if(in_flight_, [&](const InFlight& q) {
+    auto token = q.token.lock();
+    if (token && q.endpoint == index && q.fd == static_cast<int>(fd)) {
+      token->Cancel(CancelToken::Reason::kClientGone);
+      return true;
+    }
+    return token == nullptr;
+  });
 }
 
 // frames[first_route .. size-1) route the answer back.
@@ -90,10 +140,18 @@ void QueryServer::Serve(size_t index, std::vector<zmq::message_t>& frames) {
   if (QueryService::IsAlignerRequest(frames.back().data(), frames.back().size(), &local_only)) {
     // Alignments take seconds: run them on a worker and keep serving
     // (status, trace pages, peers' requests) meanwhile.
+    auto token = service_->NewQueryToken();
+    // The descriptor the request was read from (ZMQ_SRCFD: marked deprecated
+    // but kept throughout libzmq 4.x; the other way to learn that a ROUTER's
+    // peer left, ZMQ_ROUTER_NOTIFY, is a draft option Debian's libzmq lacks).
+    const int fd = zmq_msg_get(frames.back().handle(), ZMQ_SRCFD);  // -1: none
+    std::erase_if(in_flight_, [](const InFlight& q) { return q.token.expired(); });
+    if (fd >= 0) in_flight_.push_back({index, fd, token});
     auto request = std::make_shared<std::vector<zmq::message_t>>(std::move(frames));
     frames.clear();  // moved-from: make it empty again
-    service_->RunAligner(local_only, [this, request, index, caller] {
-      std::string answer = service_->Answer(request->back().data(), request->back().size(), caller);
+    service_->RunAligner(local_only, token, [this, request, index, caller, token] {
+      std::string answer =
+          service_->Answer(request->back().data(), request->back().size(), caller, token.get());
       try {
         zmq::socket_t push(*context_, zmq::socket_type::push);
         push.set(zmq::sockopt::linger, 1000);
@@ -120,6 +178,7 @@ void QueryServer::Loop() {
   while (!stop_) {
     items.clear();
     for (auto& e : endpoints_) items.push_back({static_cast<void*>(*e.socket), 0, ZMQ_POLLIN, 0});
+    for (auto& e : endpoints_) items.push_back({static_cast<void*>(*e.monitor), 0, ZMQ_POLLIN, 0});
     items.push_back({static_cast<void*>(*results_), 0, ZMQ_POLLIN, 0});
     try {
       zmq::poll(items.data(), items.size(), std::chrono::milliseconds(100));
@@ -142,6 +201,9 @@ void QueryServer::Loop() {
         if (zmq::recv_multipart(*endpoints_[i].socket, std::back_inserter(frames), zmq::recv_flags::dontwait)) {
           Serve(i, frames);
         }
+      }
+      for (size_t i = 0; i < endpoints_.size(); ++i) {
+        if (items[endpoints_.size() + i].revents & ZMQ_POLLIN) OnMonitorEvent(i);
       }
     } catch (const zmq::error_t& e) {
       if (e.num() != EINTR) OPGUARD_LOG(LogLevel::kWarn, std::string("query socket: ") + e.what());

@@ -48,7 +48,7 @@ Status ScanKind(const Store& store, Cf cf, const std::string& prefix, const char
 }  // namespace
 
 Result<aligner::RankTrace> LoadRankTrace(const Store& store, uint64_t run, uint32_t rank,
-                                         bool with_collectives, const std::atomic<bool>* cancel) {
+                                         bool with_collectives, const CancelToken* cancel) {
   StoreDetails view(&store, run);
   OPGUARD_ASSIGN_OR_RETURN(aligner::RankTrace trace, view.LoadRank(rank, cancel));
   if (with_collectives) {
@@ -66,7 +66,8 @@ StoreDetails::StoreDetails(const Store* store, uint64_t run)
 
 StoreDetails::~StoreDetails() = default;
 
-Result<aligner::RankTrace> StoreDetails::LoadRank(uint32_t rank, const std::atomic<bool>* cancel) {
+Result<aligner::RankTrace> StoreDetails::LoadRank(uint32_t rank, const CancelToken* cancel,
+                                                  uint64_t expected_ops) {
   std::lock_guard<std::mutex> lock(mu_);
   aligner::RankTrace trace;
   trace.rank = rank;
@@ -76,11 +77,10 @@ Result<aligner::RankTrace> StoreDetails::LoadRank(uint32_t rank, const std::atom
     OpChunkView chunk;
     aligner::OpDetail scratch;
     aligner::LaneTrace* lane = nullptr;
-    uint64_t n = 0;
+    uint64_t loaded = 0;
     for (it_->Seek(begin); it_->Valid(); it_->Next()) {
-      if ((++n & 0xFF) == 0 && cancel != nullptr && cancel->load(std::memory_order_relaxed)) {
-        return Unavailable("daemon is stopping");
-      }
+      // One check per stored chunk (at most 256 records).
+      OPGUARD_RETURN_IF_ERROR(CheckCancel(cancel));
       auto key = it_->key();
       if (!key.starts_with(rocksdb::Slice(prefix.data(), prefix.size()))) break;
       if (key.size() != keys::kOpKeySize) continue;
@@ -107,12 +107,16 @@ Result<aligner::RankTrace> StoreDetails::LoadRank(uint32_t rank, const std::atom
         if (lane == nullptr || lane->lane != lane_id) {
           trace.lanes.push_back({lane_id, {}});
           lane = &trace.lanes.back();
+          // The rank's remaining ops: exact for the common one-lane rank;
+          // RunReader trims what a lane did not use.
+          lane->ops.reserve(expected_ops > loaded ? expected_ops - loaded : 0);
         }
         // Overlapping chunks (a rank that re-sent op indices under a new
         // session) keep the trace strictly ascending: the first one wins.
         if (!lane->ops.empty() && idx <= lane->ops.back().op_index) continue;
         OpDetailFromRecord(**op, &scratch);
         lane->ops.push_back(aligner::MakeOpEvent(scratch, boundaries_.Of(scratch.site)));
+        ++loaded;
       }
     }
     OPGUARD_RETURN_IF_ERROR(FromRocks(it_->status(), "reading trace"));

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "opguard/aligner/trace.h"
+#include "opguard/common/cancel.h"
 #include "opguard/common/status.h"
 #include "opguard/idl/envelope.h"
 #include "storage/op_chunk.h"
@@ -39,10 +40,11 @@
 namespace opguard::daemon {
 
 // Ops, op gaps and (when `with_collectives`) this rank's collectives.
-// `cancel`, when set and true, stops the scan early with Cancelled-like error.
+// `cancel`, when set, is checked at every stored chunk (at most 256
+// records): a cancelled scan stops with the token's error.
 Result<aligner::RankTrace> LoadRankTrace(const Store& store, uint64_t run, uint32_t rank,
                                          bool with_collectives,
-                                         const std::atomic<bool>* cancel = nullptr);
+                                         const CancelToken* cancel = nullptr);
 
 struct CollectiveGapRange {
   uint32_t rank = 0;
@@ -94,7 +96,9 @@ class StoreDetails final : public aligner::DetailSource {
   ~StoreDetails() override;
 
   // Ops and op gaps of one rank (collectives are attached by the caller).
-  Result<aligner::RankTrace> LoadRank(uint32_t rank, const std::atomic<bool>* cancel = nullptr);
+  // `expected_ops` (the registry's count, 0: unknown) sizes the lanes once.
+  Result<aligner::RankTrace> LoadRank(uint32_t rank, const CancelToken* cancel = nullptr,
+                                      uint64_t expected_ops = 0);
   std::optional<aligner::OpDetail> Find(uint32_t rank, uint32_t lane,
                                         uint64_t op_index) const override;
 

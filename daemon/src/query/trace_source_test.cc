@@ -2,6 +2,8 @@
 // aligner answers (report_wire.h), against a real store.
 #include "query/trace_source.h"
 
+#include <thread>
+
 #include <gtest/gtest.h>
 
 #include "opguard/aligner/diff.h"
@@ -9,6 +11,7 @@
 #include "opguard/daemon/report_wire.h"
 #include "opguard/daemon/testing/batch_maker.h"
 #include "storage/op_chunk.h"
+#include "query/trace_cache.h"
 #include "storage/record_copy.h"
 
 namespace opguard::daemon {
@@ -394,6 +397,86 @@ TEST(ReportWire, CollectiveSummaryRoundTrips) {
   EXPECT_EQ(back.outputs[1], (aligner::Fp128{3, 4}));
   EXPECT_EQ(back.op_index, 123u);
   EXPECT_EQ(back.time_ns, 555u);
+}
+
+TEST_F(TraceSourceTest, ACancelledScanStopsWithTheTokensReason) {
+  WriteRun(1, 1000, false);
+  CancelToken gone;
+  gone.Cancel(CancelToken::Reason::kClientGone);
+  auto trace = StoreDetails(store_.get(), 1).LoadRank(0, &gone);
+  ASSERT_FALSE(trace.ok());
+  EXPECT_EQ(trace.status().message(), "query cancelled: its client went away");
+  CancelToken budget(std::chrono::milliseconds(1));
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(StoreDetails(store_.get(), 1).LoadRank(0, &budget).status().message(),
+            "query exceeded its time budget of 1 ms");
+  CancelToken open(std::chrono::hours(1));
+  EXPECT_TRUE(StoreDetails(store_.get(), 1).LoadRank(0, &open).ok());
+}
+
+RunState RankState0(uint64_t id, uint64_t batches) {
+  RunState run;
+  run.id = id;
+  run.ranks[0].batches = batches;
+  run.ranks[0].ops = 5000;  // more than stored: lanes are sized for it, then trimmed
+  return run;
+}
+
+// The reader serves a rank from the cache while its batch count stays, and
+// reads it again (new records included) once the rank received a batch.
+TEST_F(TraceSourceTest, RunReaderServesCachedTracesUntilTheRankChanges) {
+  WriteRun(1, 1000, true);
+  TraceCache cache(64 << 20);
+  auto first = RunReader(store_.get(), RankState0(1, 3), &cache).Rank(0, nullptr);
+  ASSERT_TRUE(first.ok()) << first.status().message();
+  EXPECT_EQ((*first)->lanes[0].ops.size(), 100u);
+  EXPECT_EQ((*first)->collectives.size(), 10u);  // attached for every run
+  EXPECT_EQ((*first)->gaps.size(), 1u);
+  EXPECT_EQ(cache.bytes(), TraceCache::BytesOf(**first));
+  // The lanes sized for 5000 ops were trimmed to the 105 read.
+  EXPECT_LE(cache.bytes(), 105 * sizeof(aligner::OpEvent) + 4096);
+
+  StoreBatch more(store_.get());
+  more.PutOpChunk(1, 0, 0, 100, Op(0, 100, kAdd, 7));
+  ASSERT_TRUE(store_->Write(&more, true).ok());
+  auto again = RunReader(store_.get(), RankState0(1, 3), &cache).Rank(0, nullptr);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->get(), first->get()) << "same batch count: the cached trace";
+  auto changed = RunReader(store_.get(), RankState0(1, 4), &cache).Rank(0, nullptr);
+  ASSERT_TRUE(changed.ok());
+  EXPECT_EQ((*changed)->lanes[0].ops.size(), 101u) << "a new batch: read again";
+
+  cache.Forget(1);
+  EXPECT_EQ(cache.bytes(), 0u);
+  auto uncached = RunReader(store_.get(), RankState0(1, 4), nullptr).Rank(0, nullptr);
+  ASSERT_TRUE(uncached.ok());
+  EXPECT_EQ((*uncached)->lanes[0].ops.size(), 101u);
+}
+
+TEST(TraceCache, KeepsTheMostRecentlyUsedWithinItsBudget) {
+  auto trace = [](size_t ops) {
+    aligner::RankTrace t;
+    t.lanes.push_back({0, std::vector<aligner::OpEvent>(ops)});
+    return std::make_shared<const aligner::RankTrace>(std::move(t));
+  };
+  const uint64_t one = TraceCache::BytesOf(*trace(1000));
+  TraceCache cache(2 * one + one / 2);  // room for two
+  cache.Put(1, 0, 1, trace(1000));
+  cache.Put(1, 1, 1, trace(1000));
+  EXPECT_NE(cache.Find(1, 0, 1), nullptr);  // rank 0 is now the most recent
+  cache.Put(2, 0, 1, trace(1000));          // evicts rank 1
+  EXPECT_EQ(cache.Find(1, 1, 1), nullptr);
+  EXPECT_NE(cache.Find(1, 0, 1), nullptr);
+  EXPECT_NE(cache.Find(2, 0, 1), nullptr);
+  EXPECT_EQ(cache.bytes(), 2 * one);
+  EXPECT_EQ(cache.Find(2, 0, 2), nullptr);  // another stamp: stale, dropped
+  EXPECT_EQ(cache.bytes(), one);
+  cache.Put(3, 0, 1, trace(10000));  // larger than the whole budget: not kept
+  EXPECT_EQ(cache.Find(3, 0, 1), nullptr);
+  EXPECT_EQ(cache.bytes(), one);
+  TraceCache off(0);
+  off.Put(1, 0, 1, trace(1));
+  EXPECT_EQ(off.Find(1, 0, 1), nullptr);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@ Paths come from ctest's environment: OPGUARDD, OPGUARD_CLI, OPGUARD_LOADGEN.
 """
 import json
 import os
+import pwd
 import re
 import shutil
 import socket
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import unittest
+import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "e2e"))
@@ -199,6 +201,22 @@ class CliTest(unittest.TestCase):
         self.assertIn(endpoint, result.stderr)
         self.assertIn("opguardd --local", result.stderr)
         self.assertIn("--daemon", result.stderr)
+
+    # ---- runs ----------------------------------------------------------------
+
+    def test_runs_show_their_owner(self):
+        # loadgen sent over the unix ingest socket as this user: the daemon
+        # read the uid from the kernel (SO_PEERCRED) and made it the owner.
+        me = pwd.getpwuid(os.getuid()).pw_name
+        runs = {r["name"]: r for r in json.loads(self.q("runs", "--json").stdout)["runs"]}
+        self.assertEqual(runs["ref"]["owner_uid"], os.getuid())
+        self.assertEqual(runs["ref"]["owner"], me)
+        with urllib.request.urlopen(f"http://{self.daemon.status['http']}/api/runs", timeout=30) as r:
+            self.assertEqual({x["owner_uid"] for x in json.load(r)["runs"]}, {os.getuid()})
+        text = self.q("runs").stdout.splitlines()
+        self.assertEqual(text[0].split()[:3], ["RUN", "OWNER", "RANKS"])
+        row = next(line for line in text if line.startswith("ref "))
+        self.assertEqual(row.split()[1], me)
 
     # ---- options and help ----------------------------------------------------
 

@@ -21,6 +21,7 @@
 #include <thread>
 
 #include <nlohmann/json.hpp>
+#include <zmq.hpp>
 
 #include "opguard/daemon/client.h"
 #include "opguard/daemon/testing/batch_maker.h"
@@ -306,6 +307,114 @@ TEST_F(LimitsTest, IdleHttpConnectionsDoNotStarveIngest) {
   ASSERT_TRUE(metrics.has_value());
   EXPECT_GT(Metric(*d, "opguard_http_accept_backoffs_total"), 0);
   EXPECT_EQ(Run(*d, "job")["ops"], 20u * 100);
+  StopCleanly(*d);
+}
+
+// One-rank runs of `ops` identical ops each: a diff of two reads and aligns
+// 2 x `ops` records.
+void RecordTwinRuns(testing::DaemonProcess& d, uint64_t ops,
+                    std::initializer_list<const char*> runs = {"ref", "sus"}) {
+  BatchOptions o;
+  o.reuse_template = true;
+  o.announce = o.definitions = true;
+  o.world_size = 1;
+  constexpr uint32_t kOpsPerBatch = 1000;
+  for (const char* run : runs) {
+    testing::RankSender sender(d.ingest(), run, 0, 1, kOpsPerBatch, o);
+    ASSERT_TRUE(sender.Run(ops / kOpsPerBatch, Clock::now() + 120s, 16).ok()) << run;
+  }
+}
+
+// 20 abandoned /api/diff requests used to be computed to the end, one after
+// another on the two aligner workers, and a diff asked after them waited
+// for all of them (3.7 s -> 32.7 s). Each is now cancelled when its
+// connection closes: together they cost less than a few diffs' CPU, and the
+// diff asked after them takes about as long as one alone. (Bounds relative
+// to one diff measured here. Each abandoned diff needs a run no earlier
+// query read, so none is answered from the trace cache; the diff after them
+// is, so their CPU is what shows that they stopped.)
+TEST_F(LimitsTest, AbandonedDiffsAreCancelledAndDoNotDelayTheNextOne) {
+  auto d = StartDaemon();
+  ASSERT_TRUE(d->Running());
+  RecordTwinRuns(*d, 300000, {"ref", "sus", "other"});
+  auto timed_diff = [&](double* cpu_s) {
+    const double cpu0 = testing::ProcessCpuSeconds(d->pid());
+    const auto t0 = Clock::now();
+    auto r = testing::HttpGet(d->http(), "/api/diff?reference=ref&suspect=sus", 300s);
+    const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (cpu_s != nullptr) *cpu_s = testing::ProcessCpuSeconds(d->pid()) - cpu0;
+    EXPECT_TRUE(r.ok()) << r.status().message();
+    if (r.ok()) {
+      EXPECT_EQ(r->status, 200) << r->body;
+      EXPECT_EQ(nlohmann::json::parse(r->body)["status"], "identical") << r->body;
+    }
+    return wall;
+  };
+  double alone_cpu = 0;
+  const double alone = timed_diff(&alone_cpu);
+
+  // Each client sends its request and hangs up without reading the answer.
+  constexpr int kAbandoned = 20;
+  const double cpu0 = testing::ProcessCpuSeconds(d->pid());
+  for (int i = 0; i < kAbandoned; ++i) {
+    auto r = testing::HttpGet(d->http(), "/api/diff?reference=ref&suspect=other", 1ms);
+    EXPECT_FALSE(r.ok()) << "an abandoned diff was answered within 1 ms";
+  }
+  const double after = timed_diff(nullptr);
+  const double flood_cpu = testing::ProcessCpuSeconds(d->pid()) - cpu0;
+  std::printf("diff alone %.2f s (%.2f s daemon CPU); after %d abandoned ones %.2f s, "
+              "%.2f s daemon CPU for all of them\n",
+              alone, alone_cpu, kAbandoned, after, flood_cpu);
+  // Before: after ~ (kAbandoned / 2 + 1) x alone, flood_cpu ~ (kAbandoned + 1) x alone_cpu.
+  EXPECT_LT(after, 4 * alone + 1.0) << "the abandoned diffs delayed the next one";
+  EXPECT_LT(flood_cpu, 4 * alone_cpu + 0.5) << "the abandoned diffs were computed";
+  // Every abandoned request was read (its bytes came before the hang-up).
+  for (int i = 0; i < 100 && Metric(*d, "opguard_queries_cancelled_total{reason=\"client_gone\"}") < kAbandoned; ++i) {
+    std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_EQ(Metric(*d, "opguard_queries_cancelled_total{reason=\"client_gone\"}"), kAbandoned);
+
+  // A ZeroMQ client that goes away (the CLI timed out or was interrupted)
+  // disconnects: its diff stops too.
+  {
+    zmq::context_t context;
+    zmq::socket_t dealer(context, zmq::socket_type::dealer);
+    dealer.set(zmq::sockopt::linger, 5000);  // the request leaves before the socket closes
+    dealer.connect(d->query());
+    flatbuffers::FlatBufferBuilder b;
+    wire::FinishEnvelope(b, wire::CreateDiffRequest(b, b.CreateString("ref"), b.CreateString("other"), -1,
+                                                    false, 0, 0));
+    ASSERT_TRUE(dealer.send(zmq::const_buffer(b.GetBufferPointer(), b.GetSize()), zmq::send_flags::none));
+  }  // closed without reading the answer
+  for (int i = 0; i < 100 && Metric(*d, "opguard_queries_cancelled_total{reason=\"client_gone\"}") < kAbandoned + 1; ++i) {
+    std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_EQ(Metric(*d, "opguard_queries_cancelled_total{reason=\"client_gone\"}"), kAbandoned + 1);
+  EXPECT_EQ(Metric(*d, "opguard_queries_cancelled_total{reason=\"time_budget\"}"), 0);
+  StopCleanly(*d);
+}
+
+// A query that runs past query.time_budget stops with an error that names
+// the budget, on every face; the daemon goes on answering.
+TEST_F(LimitsTest, AQueryPastItsTimeBudgetStopsWithAClearError) {
+  auto d = StartDaemon({"--query.time-budget", "1ms"});
+  ASSERT_TRUE(d->Running());
+  RecordTwinRuns(*d, 100000);
+  auto r = testing::HttpGet(d->http(), "/api/diff?reference=ref&suspect=sus", 60s);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->status, 503) << r->body;
+  EXPECT_EQ(nlohmann::json::parse(r->body)["error"], "query exceeded its time budget of 1 ms") << r->body;
+
+  DaemonClient client(d->query(), 60s);
+  flatbuffers::FlatBufferBuilder diff;
+  wire::FinishEnvelope(diff, wire::CreateDiffRequest(diff, diff.CreateString("ref"), diff.CreateString("sus"),
+                                                     -1, false, 0, 0));
+  auto answer = client.Call(diff);
+  ASSERT_FALSE(answer.ok());
+  EXPECT_EQ(answer.status().message(), "query exceeded its time budget of 1 ms");
+  EXPECT_EQ(Metric(*d, "opguard_queries_cancelled_total{reason=\"time_budget\"}"), 2);
+  EXPECT_EQ(Metric(*d, "opguard_queries_cancelled_total{reason=\"client_gone\"}"), 0);
+  EXPECT_TRUE(client.Status().ok());
   StopCleanly(*d);
 }
 

@@ -18,6 +18,7 @@
 #include "opguard/aligner/align.h"
 #include "opguard/aligner/report.h"
 #include "opguard/aligner/trace.h"
+#include "opguard/common/cancel.h"
 #include "opguard/common/status.h"
 
 namespace opguard::aligner {
@@ -38,6 +39,9 @@ struct DiffContext {
   const StringResolver* reference_strings = nullptr;
   const StringResolver* suspect_strings = nullptr;
   DiffOptions options;
+  // Checked before each lane is aligned (a lane's alignment is bounded by
+  // AlignOptions): a cancelled diff returns the token's error.
+  const CancelToken* cancel = nullptr;
 };
 
 // Aligns every lane of `sus` against the same lane of `ref`, walks the pairs

@@ -77,6 +77,13 @@ struct Config {
 
   // Queries.
   uint32_t max_trace_page = 10000;  // ops per ReadTrace answer
+  // How long one aligner query (diff, ranks, collectives, alignment) may
+  // compute, from its arrival; then it stops with "query exceeded its time
+  // budget of N s". The CLI's default timeout is the same 120 s.
+  std::chrono::milliseconds query_time_budget{120000};
+  // Rank traces kept between queries (query/trace_cache.h): ~80 bytes per
+  // op; the default holds two 1.5 M-op traces. 0: none kept.
+  uint64_t query_trace_cache_bytes = 256u << 20;
 };
 
 // The text printed by `opguardd --help`.
