@@ -63,6 +63,8 @@ TEST(Config, FileFormat) {
       "storage.background_jobs = 4\n"
       "storage.compression = zstd\n"
       "storage.compaction = universal\n"
+      "storage.max_bytes = 3MiB\n"
+      "storage.reserved_bytes = 0\n"
       "query.max_trace_page = 500\n");
   auto c = Parse({"--config", file.path()});
   ASSERT_TRUE(c.ok()) << c.status().message();
@@ -82,6 +84,8 @@ TEST(Config, FileFormat) {
   EXPECT_EQ(c->background_jobs, 4);
   EXPECT_EQ(c->compression, "zstd");
   EXPECT_EQ(c->compaction, "universal");
+  EXPECT_EQ(c->max_bytes, 3u << 20);
+  EXPECT_EQ(c->reserved_bytes, 0u);
   EXPECT_EQ(c->max_trace_page, 500u);
 }
 
@@ -92,6 +96,8 @@ TEST(Config, TheShippedConfigFileParses) {
   EXPECT_EQ(c->data_dir, "/var/lib/opguard");
   EXPECT_EQ(c->listen, "tcp://127.0.0.1:7455");
   EXPECT_EQ(c->retention_max_bytes, 0u);
+  EXPECT_EQ(c->max_bytes, 0u);
+  EXPECT_EQ(c->reserved_bytes, 256u << 20);
 }
 
 TEST(Config, FlagFormsAndFlagsOverrideTheFile) {

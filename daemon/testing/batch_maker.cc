@@ -287,6 +287,12 @@ Status RankSender::Run(uint64_t batches, std::chrono::steady_clock::time_point d
       if (!env.ok()) continue;
       const auto* ack = (*env)->message_as_Ack();
       if (ack == nullptr || ack->session() != session_) continue;
+      if (ack->code() == wire::AckCode::Retry) {
+        // Kept, sent again after resend_after, as the shim does.
+        ++retried_;
+        if (auto it = in_flight.find(ack->seq()); it != in_flight.end()) it->second = Clock::now();
+        continue;
+      }
       if (ack->code() == wire::AckCode::Rejected) ++rejected_;
       acked_.insert(ack->seq());
       in_flight.erase(ack->seq());
@@ -316,6 +322,7 @@ std::string DescribeAck(const std::string& bytes) {
   const auto* ack = (*env)->message_as_Ack();
   if (ack == nullptr) return "not an ack";
   if (ack->code() == wire::AckCode::Durable) return "durable";
+  if (ack->code() == wire::AckCode::Retry) return "retry: " + (ack->error() ? ack->error()->str() : std::string());
   return "rejected: " + (ack->error() ? ack->error()->str() : std::string());
 }
 
@@ -370,7 +377,8 @@ Status DaemonProcess::Start(std::chrono::milliseconds timeout) {
     if (answer.ok()) {
       const auto* st = answer->envelope()->message_as_StatusAnswer();
       if (st && st->http()) http_ = st->http()->str();
-      return Status::Ok();
+      // Queries answer before HTTP is up: wait for its address too.
+      if (!http_.empty()) return Status::Ok();
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
