@@ -366,6 +366,7 @@ Status DaemonProcess::Start(std::chrono::milliseconds timeout) {
     _exit(127);
   }
   const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::chrono::steady_clock::time_point http_wait_until{};
   while (std::chrono::steady_clock::now() < deadline) {
     int status = 0;
     if (::waitpid(pid_, &status, WNOHANG) == pid_) {
@@ -377,8 +378,11 @@ Status DaemonProcess::Start(std::chrono::milliseconds timeout) {
     if (answer.ok()) {
       const auto* st = answer->envelope()->message_as_StatusAnswer();
       if (st && st->http()) http_ = st->http()->str();
-      // Queries answer before HTTP is up: wait for its address too.
-      if (!http_.empty()) return Status::Ok();
+      // Queries answer before HTTP is up: wait (a while) for its address too.
+      if (http_wait_until == std::chrono::steady_clock::time_point{}) {
+        http_wait_until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+      }
+      if (!http_.empty() || std::chrono::steady_clock::now() > http_wait_until) return Status::Ok();
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
@@ -390,6 +394,7 @@ int DaemonProcess::Stop(std::chrono::milliseconds timeout) {
   if (pid_ <= 0) return -1;
   ::kill(pid_, SIGTERM);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::chrono::steady_clock::time_point http_wait_until{};
   while (std::chrono::steady_clock::now() < deadline) {
     int status = 0;
     if (::waitpid(pid_, &status, WNOHANG) == pid_) {
