@@ -779,8 +779,12 @@ void Ingest::DrainCommitted() {
     if (!group->result.ok() &&
         (group->result.code() == StatusCode::kUnavailable || store_->StoppedForSpace())) {
       metrics_->store_errors.fetch_add(1, std::memory_order_relaxed);
-      OPGUARD_LOG(LogLevel::kError, "ingest: " + group->result.message() +
-                                        "; the batches of this group and the next are answered \"retry later\"");
+      // Refused before writing (the room check raced the last space check)
+      // is a warning; RocksDB failing for space is an error.
+      const bool refused = group->result.code() == StatusCode::kUnavailable;
+      OPGUARD_LOG(refused ? LogLevel::kWarn : LogLevel::kError,
+                  "ingest: " + group->result.message() +
+                      "; the batches of this group and the next are answered \"retry later\"");
       RollBack(group.get());
       group->Reset();
       spare_ = std::move(group);
