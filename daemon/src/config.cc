@@ -234,6 +234,14 @@ std::unique_ptr<CLI::App> MakeApp(Config* c, Flags* flags) {
   add("storage", "--storage.compaction", c->compaction, "STYLE",
       "level | universal (default level)")
       ->check(CLI::IsMember({"level", "universal"}));
+  add_size("storage", "--storage.max-bytes", c->max_bytes,
+           "new records are answered \"retry later\" while the\n"
+           "store's SST and blob files hold this much\n"
+           "(default 0: no limit); queries and rm go on");
+  add_size("storage", "--storage.reserved-bytes", c->reserved_bytes,
+           "free space kept on the data directory's file\n"
+           "system: new records wait below it (default\n"
+           "256MiB; rm and compactions use it)");
 
   add_size("retention (0 = no limit)", "--retention.max-bytes", c->retention_max_bytes,
            "remove oldest runs while the store is larger\n(e.g. 500G)");

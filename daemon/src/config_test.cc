@@ -63,6 +63,8 @@ TEST(Config, FileFormat) {
       "storage.background_jobs = 4\n"
       "storage.compression = zstd\n"
       "storage.compaction = universal\n"
+      "storage.max_bytes = 3MiB\n"
+      "storage.reserved_bytes = 0\n"
       "query.max_trace_page = 500\n"
       "query.time_budget = 1500ms\n");
   auto c = Parse({"--config", file.path()});
@@ -83,6 +85,8 @@ TEST(Config, FileFormat) {
   EXPECT_EQ(c->background_jobs, 4);
   EXPECT_EQ(c->compression, "zstd");
   EXPECT_EQ(c->compaction, "universal");
+  EXPECT_EQ(c->max_bytes, 3u << 20);
+  EXPECT_EQ(c->reserved_bytes, 0u);
   EXPECT_EQ(c->max_trace_page, 500u);
   EXPECT_EQ(c->query_time_budget.count(), 1500);
 }
@@ -108,6 +112,8 @@ TEST(Config, TheShippedConfigFileParses) {
   EXPECT_EQ(c->data_dir, "/var/lib/opguard");
   EXPECT_EQ(c->listen, "tcp://127.0.0.1:7455");
   EXPECT_EQ(c->retention_max_bytes, 0u);
+  EXPECT_EQ(c->max_bytes, 0u);
+  EXPECT_EQ(c->reserved_bytes, 256u << 20);
 }
 
 TEST(Config, FlagFormsAndFlagsOverrideTheFile) {

@@ -149,6 +149,24 @@ std::string Metrics::Prometheus(const Store& store, uint64_t runs, double uptime
        "Time ingest stopped reading because ingest.max_inflight_bytes was reached (backpressure).");
   Line(&o, "opguard_ingest_paused_seconds_total", "", L(ingest_paused_micros) / 1e6);
 
+  Head(&o, "opguard_ingest_read_only", "gauge",
+       "1 while new records are refused for disk space (storage.reserved_bytes, storage.max_bytes, "
+       "ENOSPC); queries and rm go on.");
+  Line(&o, "opguard_ingest_read_only", "", L(read_only));
+  Head(&o, "opguard_ingest_read_only_entered_total", "counter", "Times ingest paused for disk space.");
+  Line(&o, "opguard_ingest_read_only_entered_total", "", L(read_only_entered));
+  Head(&o, "opguard_batches_deferred_total", "counter",
+       "Batches answered \"retry later\" while ingest was paused for disk space (their senders keep them).");
+  Line(&o, "opguard_batches_deferred_total", "", L(batches_deferred));
+  Head(&o, "opguard_store_resumes_total", "counter",
+       "Times the store, stopped by a write that found no space, was resumed once space was back.");
+  Line(&o, "opguard_store_resumes_total", "", L(store_resumes));
+  Head(&o, "opguard_store_read_errors_total", "counter",
+       "Damaged stored values (checksum mismatch, undecodable) answered as gaps.");
+  Line(&o, "opguard_store_read_errors_total", "", static_cast<double>(store.read_errors()));
+  Head(&o, "opguard_store_free_bytes", "gauge", "Free bytes on the data directory's file system.");
+  Line(&o, "opguard_store_free_bytes", "", static_cast<double>(store.FreeBytes()));
+
   Head(&o, "opguard_runs", "gauge", "Runs stored.");
   Line(&o, "opguard_runs", "", static_cast<double>(runs));
   Head(&o, "opguard_uptime_seconds", "gauge", "Seconds since the daemon started.");

@@ -56,6 +56,11 @@ struct Metrics {
   std::atomic<uint64_t> dedup_gaps_given_up{0};  // missing seqs given up (SessionState::kMaxRanges)
   std::atomic<uint64_t> inflight_bytes{0};       // gauge: received, not yet acknowledged
   std::atomic<uint64_t> ingest_paused_micros{0};  // receiver not reading: budget exhausted
+  // Disk space (docs/storage.md).
+  std::atomic<uint64_t> read_only{0};           // gauge: 1 while new records are refused for space
+  std::atomic<uint64_t> read_only_entered{0};   // times ingest paused for space
+  std::atomic<uint64_t> batches_deferred{0};    // answered "retry later" (or unanswered) for space
+  std::atomic<uint64_t> store_resumes{0};       // RocksDB stopped by ENOSPC, resumed
 
   void ObserveAck(uint64_t micros);
   // For counters fed with sender-chosen numbers (gap records): stop at the top.

@@ -287,6 +287,12 @@ Status RankSender::Run(uint64_t batches, std::chrono::steady_clock::time_point d
       if (!env.ok()) continue;
       const auto* ack = (*env)->message_as_Ack();
       if (ack == nullptr || ack->session() != session_) continue;
+      if (ack->code() == wire::AckCode::Retry) {
+        // Kept, sent again after resend_after, as the shim does.
+        ++retried_;
+        if (auto it = in_flight.find(ack->seq()); it != in_flight.end()) it->second = Clock::now();
+        continue;
+      }
       if (ack->code() == wire::AckCode::Rejected) ++rejected_;
       acked_.insert(ack->seq());
       in_flight.erase(ack->seq());
@@ -316,6 +322,7 @@ std::string DescribeAck(const std::string& bytes) {
   const auto* ack = (*env)->message_as_Ack();
   if (ack == nullptr) return "not an ack";
   if (ack->code() == wire::AckCode::Durable) return "durable";
+  if (ack->code() == wire::AckCode::Retry) return "retry: " + (ack->error() ? ack->error()->str() : std::string());
   return "rejected: " + (ack->error() ? ack->error()->str() : std::string());
 }
 
@@ -359,6 +366,7 @@ Status DaemonProcess::Start(std::chrono::milliseconds timeout) {
     _exit(127);
   }
   const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::chrono::steady_clock::time_point http_wait_until{};
   while (std::chrono::steady_clock::now() < deadline) {
     int status = 0;
     if (::waitpid(pid_, &status, WNOHANG) == pid_) {
@@ -370,7 +378,11 @@ Status DaemonProcess::Start(std::chrono::milliseconds timeout) {
     if (answer.ok()) {
       const auto* st = answer->envelope()->message_as_StatusAnswer();
       if (st && st->http()) http_ = st->http()->str();
-      return Status::Ok();
+      // Queries answer before HTTP is up: wait (a while) for its address too.
+      if (http_wait_until == std::chrono::steady_clock::time_point{}) {
+        http_wait_until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+      }
+      if (!http_.empty() || std::chrono::steady_clock::now() > http_wait_until) return Status::Ok();
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
@@ -382,6 +394,7 @@ int DaemonProcess::Stop(std::chrono::milliseconds timeout) {
   if (pid_ <= 0) return -1;
   ::kill(pid_, SIGTERM);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::chrono::steady_clock::time_point http_wait_until{};
   while (std::chrono::steady_clock::now() < deadline) {
     int status = 0;
     if (::waitpid(pid_, &status, WNOHANG) == pid_) {

@@ -31,9 +31,31 @@ std::optional<Sender::Batch> Sender::Acknowledge(uint64_t seq, Clock::time_point
   quiet_since_ = now;
   last_ack_ = now;
   backoff_ = 0;
+  retry_rounds_ = 0;
   Batch batch = std::move(e.batch);
   pending_.erase(it);
   return batch;
+}
+
+void Sender::Defer(uint64_t seq, Clock::time_point now) {
+  auto it = pending_.find(seq);
+  if (it == pending_.end()) return;
+  Entry& e = it->second;
+  if (e.in_flight) {
+    e.in_flight = false;
+    e.first_send = {};
+    in_flight_.erase(seq);
+  }
+  quiet_since_ = now;
+  last_ack_ = now;
+  backoff_ = 0;
+  // One round is the answers to what was sent since the last hold ended.
+  if (now >= hold_sends_until_) {
+    const Clock::duration wait = std::min<Clock::duration>(
+        kFirstRetryWait * (int64_t{1} << std::min(retry_rounds_, kMaxBackoffShift)), kMaxRetryWait);
+    hold_sends_until_ = now + wait;
+    ++retry_rounds_;
+  }
 }
 
 void Sender::ConnectionLost(Clock::time_point now) {

@@ -48,6 +48,8 @@ class Sender {
   // handshake (the old pipe may still take, and then drop, a message), or at
   // most this long if the monitor never says so.
   static constexpr std::chrono::seconds kReconnectHold{2};
+  static constexpr std::chrono::milliseconds kFirstRetryWait{250};
+  static constexpr std::chrono::seconds kMaxRetryWait{8};
 
   // One encoded batch, as the core hands it over and gets it back.
   struct Batch {
@@ -68,10 +70,18 @@ class Sender {
   // a resend). Any ack shows the daemon alive: the silence and backoff reset.
   std::optional<Batch> Acknowledge(uint64_t seq, Clock::time_point now);
 
+  // The daemon cannot store `seq` now (its disk is full) and asks for it
+  // later: the batch stays pending, and nothing is sent until a retry
+  // delay, 250 ms doubled per round of "retry later" up to kMaxRetryWait.
+  // The daemon is alive: no resend for silence meanwhile.
+  void Defer(uint64_t seq, Clock::time_point now);
+
   // The connection dropped: whatever was in flight is sent again, oldest
   // first, once a new connection is up (ConnectionUp) or after kReconnectHold.
   void ConnectionLost(Clock::time_point now);
   void ConnectionUp() { hold_sends_until_ = {}; }
+  // Nothing is sent before this (a lost connection, "retry later").
+  Clock::time_point hold_until() const { return hold_sends_until_; }
 
   // Called by Send for each batch to put on the wire, oldest first; returns
   // false when the socket would not take it, which ends this Send.
@@ -130,6 +140,7 @@ class Sender {
   Clock::time_point last_ack_{};
   Clock::time_point hold_sends_until_{};
   uint32_t backoff_ = 0;  // silent rounds since the last ack
+  uint32_t retry_rounds_ = 0;  // rounds of "retry later" since the last durable ack
   bool have_rtt_ = false;
   Clock::duration srtt_{}, rttvar_{};
 };

@@ -417,5 +417,53 @@ TEST(SenderInvariant, OnlyUnacknowledgedBatchesAreSentAndTheWindowHolds) {
   EXPECT_GT(acked.size(), 1000u);  // the walk did exercise the sender
 }
 
+// "Retry later" (the daemon's disk is full): the batches stay, nothing is
+// sent until the hold ends, holds double per round, and a durable ack
+// resets them.
+TEST(SenderRetry, DeferredBatchesAreKeptAndSentAgainAfterAGrowingHold) {
+  Wire wire;
+  Sender s = SentAtZero(milliseconds(1000), 4, 4, wire);
+  for (uint64_t seq = 0; seq < 4; ++seq) s.Defer(seq, T(10));
+  EXPECT_EQ(s.pending(), 4u);
+  EXPECT_EQ(s.in_flight(), 0u);
+  EXPECT_EQ(s.hold_until(), T(10 + 250));
+  s.Send(T(200), wire.Fn());
+  EXPECT_TRUE(wire.Take().empty());
+  EXPECT_FALSE(s.LooksUnreachable(T(200)));
+  s.Send(T(260), wire.Fn());
+  EXPECT_EQ(wire.Take(), (Sent{{0, true}, {1, true}, {2, true}, {3, true}}));
+
+  // A second round waits twice as long; silence meanwhile is not a loss.
+  for (uint64_t seq = 0; seq < 4; ++seq) s.Defer(seq, T(300));
+  EXPECT_EQ(s.hold_until(), T(300 + 500));
+  s.Send(T(790), wire.Fn());
+  EXPECT_TRUE(wire.Take().empty());
+  s.Send(T(800), wire.Fn());
+  EXPECT_EQ(wire.Take().size(), 4u);
+
+  // Stored at last: the next "retry later" starts from 250 ms again.
+  ASSERT_TRUE(s.Acknowledge(0, T(900)).has_value());
+  s.Defer(1, T(910));
+  EXPECT_EQ(s.hold_until(), T(910 + 250));
+  EXPECT_EQ(s.pending(), 3u);
+}
+
+// The hold never exceeds kMaxRetryWait, however long the disk stays full.
+TEST(SenderRetry, TheHoldIsCapped) {
+  Wire wire;
+  Sender s = SentAtZero(milliseconds(1000), 1, 1, wire);
+  int64_t now = 0;
+  Clock::duration hold{};
+  for (int round = 0; round < 20; ++round) {
+    s.Defer(0, T(now));
+    hold = s.hold_until() - T(now);
+    EXPECT_LE(hold, Sender::kMaxRetryWait);
+    now += std::chrono::duration_cast<milliseconds>(hold).count();
+    s.Send(T(now), wire.Fn());
+    EXPECT_EQ(wire.Take().size(), 1u);
+  }
+  EXPECT_EQ(hold, Sender::kMaxRetryWait);
+}
+
 }  // namespace
 }  // namespace opguard::shim

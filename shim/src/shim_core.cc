@@ -1045,6 +1045,17 @@ void Core::ReceiveAcks(zmq::socket_t& sock) {
         ack->run()->string_view() != config_.run) {
       continue;  // an ack for another session (e.g. a previous process on this socket path)
     }
+    if (ack->code() == wire::AckCode::Retry) {
+      // The daemon's disk is full: keep the batch, send it again later.
+      sender_.Defer(ack->seq(), now);
+      if (!warned_deferred_) {
+        warned_deferred_ = true;
+        std::string why = ack->error() != nullptr ? ack->error()->str() : "no reason given";
+        OPGUARD_LOG(LogLevel::kWarn, "the daemon cannot store records now (" + why +
+                                         "); keeping them and retrying (logged once)");
+      }
+      continue;
+    }
     std::optional<Sender::Batch> batch = sender_.Acknowledge(ack->seq(), now);
     if (!batch) continue;  // duplicate ack after a resend
     progress = true;
@@ -1183,7 +1194,8 @@ void Core::SenderLoop() {
     // connection yet, or ZeroMQ's high-water mark); retry soon. With a full
     // window, an ack (socket readable) or a resend check wakes us instead.
     if (unsent > 0 && sender_.window_has_room()) {
-      wait = std::min<Clock::duration>(wait, milliseconds(5));
+      // While sends are held ("retry later"), not before the hold ends.
+      wait = std::min<Clock::duration>(wait, std::max<Clock::duration>(milliseconds(5), sender_.hold_until() - now));
     }
     if (Clock::time_point resend_at = sender_.NextResendCheck(); resend_at != Clock::time_point::max()) {
       wait = std::min<Clock::duration>(wait, resend_at - now);

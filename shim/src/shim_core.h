@@ -275,6 +275,7 @@ class Core final : private FpSink {
   Sender sender_;
   bool warned_unreachable_ = false;
   bool warned_rejected_ = false;
+  bool warned_deferred_ = false;  // "retry later" from a daemon with a full disk
 };
 
 }  // namespace opguard::shim

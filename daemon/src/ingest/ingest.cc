@@ -173,6 +173,7 @@ int64_t Ingest::SenderUid(const zmq::message_t& message) const {
 
 struct Ingest::PendingAck {
   std::vector<zmq::message_t> route;  // routing frames to reply through
+  uint16_t minor = 0;                 // the sender's schema minor
   std::string run;
   uint32_t rank = 0;
   uint64_t session = 0;
@@ -238,6 +239,7 @@ Status Ingest::Start() {
     }
   }
   registry_->Reset(working_);
+  CheckSpace(SteadyNs(), /*force=*/true);
 
   wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake_fd_ < 0) return Internal("eventfd failed");
@@ -328,6 +330,7 @@ void Ingest::ReceiverLoop() {
       }
     }
     DrainCommitted();
+    CheckSpace(SteadyNs(), /*force=*/false);
     HandleDeleteRequests();
     if (nitems == 2 && (items[1].revents & ZMQ_POLLIN)) {
       // Read a bounded burst, then go round to keep commits flowing.
@@ -405,6 +408,7 @@ void Ingest::HandleMessage(std::vector<zmq::message_t>& frames) {
                   std::string("expected a Batch on the ingest endpoint, got ") +
                       wire::EnumNameMessage((*opened)->message_type()));
   }
+  ack.minor = (*opened)->version()->minor();
   ack.run = batch->run() ? batch->run()->str() : std::string();
   ack.rank = batch->rank();
   ack.session = batch->session();
@@ -426,6 +430,7 @@ void Ingest::HandleMessage(std::vector<zmq::message_t>& frames) {
   if (std::string error = CheckCapacity(*batch); !error.empty()) {
     return Reject(ack, RejectReason::kLimit, error);
   }
+  if (!full_reason_.empty()) return Defer(ack);
   try {
     ApplyBatch(static_cast<const uint8_t*>(data), *batch, size, sender, ack);
   } catch (const std::exception& e) {
@@ -449,10 +454,72 @@ void Ingest::Reject(PendingAck& ack, RejectReason reason, const std::string& err
   metrics_->rejected[static_cast<int>(reason)].fetch_add(1, std::memory_order_relaxed);
   OPGUARD_LOG(LogLevel::kDebug, std::string("ingest: rejected (") + RejectReasonName(reason) +
                                     "): " + error);
-  SendAck(ack, false, error);
+  SendAck(ack, wire::AckCode::Rejected, error);
 }
 
-void Ingest::SendAck(PendingAck& ack, bool durable, const std::string& error) {
+// Schema minor 6 brought AckCode::Retry; an older sender would drop a batch
+// answered with a code it does not know.
+constexpr uint16_t kRetryAckMinor = 6;
+
+void Ingest::Defer(PendingAck& ack) {
+  metrics_->batches_deferred.fetch_add(1, std::memory_order_relaxed);
+  if (ack.minor < kRetryAckMinor) return;
+  SendAck(ack, wire::AckCode::Retry,
+          "not stored now: " + (full_reason_.empty() ? std::string("the store could not write") : full_reason_) +
+              "; keep the batch and send it again later");
+}
+
+void Ingest::CheckSpace(int64_t now_ns, bool force) {
+  if (!force && now_ns < next_space_check_ns_) return;
+  next_space_check_ns_ = now_ns + 250'000'000;
+  if (store_->StoppedForSpace()) {
+    if (store_->Resume().ok()) {
+      metrics_->store_resumes.fetch_add(1, std::memory_order_relaxed);
+      OPGUARD_LOG(LogLevel::kInfo, "store resumed: there is space again");
+    }
+  }
+  std::string why = store_->WhyFull();
+  if (why.empty() != full_reason_.empty()) {
+    if (why.empty()) {
+      OPGUARD_LOG(LogLevel::kInfo, "ingest resumed: the store takes new records again");
+    } else {
+      metrics_->read_only_entered.fetch_add(1, std::memory_order_relaxed);
+      OPGUARD_LOG(LogLevel::kWarn, "ingest paused: " + why +
+                                       "; batches are answered \"retry later\" and kept by their senders, "
+                                       "queries and rm go on");
+    }
+  }
+  metrics_->read_only.store(why.empty() ? 0 : 1, std::memory_order_relaxed);
+  full_reason_ = std::move(why);
+}
+
+void Ingest::RollBack(Group* failed) {
+  CheckSpace(SteadyNs(), /*force=*/true);  // the reason the acks give
+  // Nothing of either group is durable.
+  for (Group* g : {failed, open_.get()}) {
+    for (auto& ack : g->acks) Defer(ack);
+  }
+  // Deletions not yet tried go again after the rollback; one that failed
+  // tells its caller.
+  for (auto& d : failed->deletes) d.done->set_value(failed->result);
+  {
+    std::lock_guard<std::mutex> lock(requests_mu_);
+    for (auto& d : open_->deletes) delete_requests_.push_back(std::move(d));
+  }
+  open_->Reset();
+  // The durable state again. Run ids stay unused: next_run_id_ only grows.
+  working_ = registry_->Writer();
+  id_to_name_.clear();
+  working_ranks_ = 0;
+  for (const auto& [name, run] : working_) {
+    id_to_name_[run.id] = name;
+    working_ranks_ += run.ranks.size();
+  }
+  dirty_meta_.clear();
+  dirty_ranks_.clear();
+}
+
+void Ingest::SendAck(PendingAck& ack, wire::AckCode code, const std::string& error) {
   flatbuffers::FlatBufferBuilder b(256);
   auto run = b.CreateString(ack.run);
   auto err = error.empty() ? 0 : b.CreateString(error);
@@ -461,7 +528,7 @@ void Ingest::SendAck(PendingAck& ack, bool durable, const std::string& error) {
   ab.add_rank(ack.rank);
   ab.add_session(ack.session);
   ab.add_seq(ack.seq);
-  ab.add_code(durable ? wire::AckCode::Durable : wire::AckCode::Rejected);
+  ab.add_code(code);
   if (!err.IsNull()) ab.add_error(err);
   wire::FinishEnvelope(b, ab.Finish());
   try {
@@ -474,7 +541,7 @@ void Ingest::SendAck(PendingAck& ack, bool durable, const std::string& error) {
     // The sender went away (EHOSTUNREACH): it resends after reconnecting and
     // gets a duplicate ack then.
   }
-  if (durable) {
+  if (code == wire::AckCode::Durable) {
     metrics_->ObserveAck(static_cast<uint64_t>((SteadyNs() - ack.received_ns) / 1000));
   }
 }
@@ -561,7 +628,7 @@ void Ingest::AckResend(const RunState& run, const wire::Batch& batch, PendingAck
       auto s = r->second.sessions.find(batch.session());
       if (s != r->second.sessions.end() && s->second.Applied(batch.seq())) {
         metrics_->batches_duplicate.fetch_add(1, std::memory_order_relaxed);
-        SendAck(ack, true, "");
+        SendAck(ack, wire::AckCode::Durable, "");
         return;
       }
     }
@@ -635,10 +702,18 @@ void Ingest::HandleDeleteRequests() {
     std::lock_guard<std::mutex> lock(requests_mu_);
     requests.swap(delete_requests_);
   }
+  // A store stopped by ENOSPC takes no deletion either until resumed
+  // (CheckSpace does that as soon as there is space).
+  const bool blocked = !requests.empty() && (store_->read_only() || store_->StoppedForSpace());
   for (auto& request : requests) {
     auto found = working_.find(request.name);
     if (found == working_.end()) {
       request.done->set_value(NotFound("no run named '" + request.name + "'"));
+      continue;
+    }
+    if (blocked) {
+      request.done->set_value(Unavailable("cannot remove run '" + request.name + "' now: " +
+                                          store_->WhyFull() + "; free space on the data directory's file system"));
       continue;
     }
     open_->batch.DeleteRun(found->second);
@@ -700,6 +775,21 @@ void Ingest::DrainCommitted() {
   for (auto& group : done) {
     committer_busy_ = false;
     committing_bytes_ = 0;
+    // Refused for space (Unavailable: nothing written), or RocksDB met ENOSPC.
+    if (!group->result.ok() &&
+        (group->result.code() == StatusCode::kUnavailable || store_->StoppedForSpace())) {
+      metrics_->store_errors.fetch_add(1, std::memory_order_relaxed);
+      // Refused before writing (the room check raced the last space check)
+      // is a warning; RocksDB failing for space is an error.
+      const bool refused = group->result.code() == StatusCode::kUnavailable;
+      OPGUARD_LOG(refused ? LogLevel::kWarn : LogLevel::kError,
+                  "ingest: " + group->result.message() +
+                      "; the batches of this group and the next are answered \"retry later\"");
+      RollBack(group.get());
+      group->Reset();
+      spare_ = std::move(group);
+      continue;
+    }
     if (!group->result.ok()) {
       // Nothing of this group is acknowledged; the shims resend. The working
       // registry is now ahead of the store, so the daemon stops taking data
@@ -729,7 +819,7 @@ void Ingest::DrainCommitted() {
     Metrics::AddSaturating(&metrics_->gap_records, SaturatingAdd(n.op_gap_records, n.collective_gap_records));
     metrics_->bytes_received.fetch_add(group->bytes, std::memory_order_relaxed);
     metrics_->commit_batches.fetch_add(group->acks.size(), std::memory_order_relaxed);
-    for (auto& ack : group->acks) SendAck(ack, true, "");
+    for (auto& ack : group->acks) SendAck(ack, wire::AckCode::Durable, "");
     for (auto& d : group->deletes) {
       metrics_->runs_deleted.fetch_add(1, std::memory_order_relaxed);
       OPGUARD_LOG(LogLevel::kInfo, "run '" + d.name + "' deleted");

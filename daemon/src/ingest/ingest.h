@@ -8,6 +8,13 @@
 //     sync=true (one fsync covers every batch of the group), then hands it
 //     back through an eventfd.
 //
+// Disk space (docs/storage.md): while the store refuses new records (free
+// space below storage.reserved_bytes, storage.max_bytes reached, or RocksDB
+// stopped by ENOSPC), batches are answered "retry later" and their senders
+// keep them; deletions go on. A write that fails for lack of space rolls the
+// working state back to the durable one; once space is back the store is
+// resumed and ingest goes on, without a restart.
+//
 // Bounded: at most one group is being written and one is filling; when the
 // two hold ingest.max_inflight_bytes of batches (or the filling group reaches
 // ingest.max_group_bytes) the receiver stops reading the socket, ZeroMQ's
@@ -91,9 +98,19 @@ class Ingest final : public RunWriter {
   void CommitterLoop();
   void HandleMessage(std::vector<zmq::message_t>& frames);
   void Reject(PendingAck& ack, RejectReason reason, const std::string& error);
+  // The store refuses new records (disk full): "retry later" (no ack to a
+  // sender too old to know that answer; it resends on its ack timeout).
+  void Defer(PendingAck& ack);
+  // Every few hundred ms, and after a failed write: resumes a store stopped
+  // for space once there is space again, and updates full_reason_.
+  void CheckSpace(int64_t now_ns, bool force);
+  // A group failed for lack of space: nothing of it or of the open group
+  // is acknowledged ("retry later"), and the working state goes back to the
+  // durable one, so the senders' resends are applied once space is back.
+  void RollBack(Group* failed);
   // Counts an exception caught while handling one message; logs once per type.
   void NoteException(const std::exception& e);
-  void SendAck(PendingAck& ack, bool durable, const std::string& error);
+  void SendAck(PendingAck& ack, wire::AckCode code, const std::string& error);
   // The steps of one verified batch. `buffer`: the message that holds it.
   // `sender`: the sending uid (kUnknownOwner when the transport has none).
   void ApplyBatch(const uint8_t* buffer, const wire::Batch& batch, size_t bytes, int64_t sender,
@@ -132,6 +149,9 @@ class Ingest final : public RunWriter {
   bool committer_busy_ = false;
   uint64_t committing_bytes_ = 0;  // message bytes of the group being written
   int64_t paused_since_ns_ = 0;    // when reading stopped for the budget (0: reading)
+  // Why the store refuses new records ("": it takes them) and when to look again.
+  std::string full_reason_;
+  int64_t next_space_check_ns_ = 0;
   BatchWriter writer_;
   const bool unix_ingest_;  // ipc:// endpoint: senders are known by uid
 

@@ -78,22 +78,40 @@ Result<aligner::RankTrace> StoreDetails::LoadRank(uint32_t rank, const CancelTok
     aligner::OpDetail scratch;
     aligner::LaneTrace* lane = nullptr;
     uint64_t loaded = 0;
-    for (it_->Seek(begin); it_->Valid(); it_->Next()) {
+    // A corrupt chunk is a hole in the trace, never a silent pass nor a
+    // failed query. Its first op is unknown: the hole runs from after the
+    // lane's last op to the key's op (the chunk's last).
+    auto hole = [&](uint32_t lane_id, uint64_t key_op) {
+      const bool same_lane = lane != nullptr && lane->lane == lane_id;
+      const uint64_t from = same_lane && !lane->ops.empty() ? lane->ops.back().op_index + 1 : key_op;
+      trace.gaps.push_back({lane_id, std::min(from, key_op), key_op});
+    };
+    std::string last_key;  // the last key read fine
+    char first_key[keys::kOpKeySize];
+    keys::EncodeOpKey(first_key, run_, rank, 0, 0);
+    bool damaged_to_end = false;
+    for (it_->Seek(begin);; it_->Next()) {
+      // A value RocksDB cannot read (checksum mismatch): skip to what reads.
+      while (!it_->Valid() && !it_->status().ok()) {
+        const std::string damaged = store_->SkipDamagedOps(
+            it_.get(), last_key.empty() ? std::string_view(first_key, sizeof first_key) : last_key,
+            !last_key.empty(), &damaged_to_end);
+        if (!std::string_view(damaged).starts_with(prefix)) break;  // past this rank
+        hole(keys::OpKeyLane(damaged), keys::OpKeyIndex(damaged));
+        last_key = damaged;
+        if (damaged_to_end) break;
+      }
+      if (!it_->Valid()) break;
       // One check per stored chunk (at most 256 records).
       OPGUARD_RETURN_IF_ERROR(CheckCancel(cancel));
       auto key = it_->key();
       if (!key.starts_with(rocksdb::Slice(prefix.data(), prefix.size()))) break;
       if (key.size() != keys::kOpKeySize) continue;
+      last_key = key.ToString();
       const uint32_t lane_id = keys::OpKeyLane(key.ToStringView());
       const uint64_t key_op = keys::OpKeyIndex(key.ToStringView());
-      const bool same_lane = lane != nullptr && lane->lane == lane_id;
       if (!chunk.Open(key_op, it_->value().ToStringView())) {
-        // A corrupt chunk is a hole in the trace, never a silent pass. Its
-        // first op is unknown: the hole runs from after the lane's last op
-        // to the key's op (the chunk's last).
-        const uint64_t from =
-            same_lane && !lane->ops.empty() ? lane->ops.back().op_index + 1 : key_op;
-        trace.gaps.push_back({lane_id, std::min(from, key_op), key_op});
+        hole(lane_id, key_op);
         continue;
       }
       for (size_t i = 0; i < chunk.size(); ++i) {
@@ -119,7 +137,7 @@ Result<aligner::RankTrace> StoreDetails::LoadRank(uint32_t rank, const CancelTok
         ++loaded;
       }
     }
-    OPGUARD_RETURN_IF_ERROR(FromRocks(it_->status(), "reading trace"));
+    if (!damaged_to_end) OPGUARD_RETURN_IF_ERROR(FromRocks(it_->status(), "reading trace"));
   }
   {
     OPGUARD_RETURN_IF_ERROR(ScanKind<wire::GapNotice>(

@@ -1,16 +1,21 @@
 #include "storage/store.h"
 
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 
 #include <rocksdb/cache.h>
 #include <rocksdb/convenience.h>
+#include <rocksdb/env.h>
 #include <rocksdb/filter_policy.h>
+#include <rocksdb/listener.h>
 #include <rocksdb/memtablerep.h>
 #include <rocksdb/table.h>
 #include <rocksdb/write_buffer_manager.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
+#include <mutex>
 
 #include "opguard/common/log.h"
 #include "storage/keys.h"
@@ -40,7 +45,67 @@ Status FromRocks(const rocksdb::Status& s, const std::string& what) {
   return Internal(what + ": " + s.ToString());
 }
 
+bool IsSpaceError(const rocksdb::Status& s) {
+  return s.IsNoSpace() || s.subcode() == rocksdb::Status::kSpaceLimit;
+}
+
+std::string MiB(uint64_t bytes) {
+  char text[32];
+  if (bytes < (1u << 20)) {
+    std::snprintf(text, sizeof text, "%.1f KiB", static_cast<double>(bytes) / 1024);
+  } else {
+    std::snprintf(text, sizeof text, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+  }
+  return text;
+}
+
+uint64_t FreeBytesOf(const std::string& dir) {
+  struct statvfs fs {};
+  if (::statvfs(dir.c_str(), &fs) != 0) return UINT64_MAX;  // unknown: do not refuse for it
+  return static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize;
+}
+
+// Free space opening an existing store for writing needs: a new MANIFEST (a
+// copy of the current one), an OPTIONS file and a WAL, with room to spare.
+uint64_t OpenBytes(const std::string& dir) {
+  uint64_t manifests = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    std::error_code fec;
+    if (e.path().filename().string().rfind("MANIFEST-", 0) == 0) manifests += e.file_size(fec);
+  }
+  return manifests + (4u << 20);
+}
+
 }  // namespace
+
+// Keeps the background error RocksDB stops writes for (a failed WAL append,
+// flush or compaction), and turns RocksDB's own recovery off: the ingest
+// thread resumes (Store::Resume) as soon as the space checks pass, instead
+// of RocksDB polling every 5 s, and no recovery runs behind a deletion.
+class Store::ErrorListener final : public rocksdb::EventListener {
+ public:
+  void OnBackgroundError(rocksdb::BackgroundErrorReason, rocksdb::Status* error) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!error->ok()) error_ = *error;
+  }
+  void OnErrorRecoveryBegin(rocksdb::BackgroundErrorReason, rocksdb::Status,
+                            bool* auto_recovery) override {
+    *auto_recovery = false;
+  }
+  rocksdb::Status error() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return error_;
+  }
+  void Set(const rocksdb::Status& s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    error_ = s;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  rocksdb::Status error_;
+};
 
 const char* CfName(Cf cf) {
   static constexpr const char* kNames[kCfCount] = {keys::kOps,    keys::kCollectives,
@@ -80,6 +145,19 @@ Result<std::unique_ptr<Store>> Store::Open(const Config& config) {
   // Vector memtables (below) cannot take concurrent inserts; there is one writer anyway.
   db_options.allow_concurrent_memtable_write = false;
   db_options.enable_write_thread_adaptive_yield = false;
+  // On a full disk the WAL is replayed into memtables and kept, instead of
+  // being flushed to new SST files during open (which needs the space the
+  // disk has not got); Close flushes as usual.
+  db_options.avoid_flush_during_recovery = true;
+  // Tracks SST and blob bytes for storage.max_bytes (checked at ingest,
+  // docs/storage.md: RocksDB's own hard limit would also fail the
+  // compaction that gives a removed run's space back), and keeps
+  // storage.reserved_bytes free for compactions after an ENOSPC.
+  std::shared_ptr<rocksdb::SstFileManager> files(rocksdb::NewSstFileManager(rocksdb::Env::Default()));
+  files->SetCompactionBufferSize(config.reserved_bytes);
+  db_options.sst_file_manager = files;
+  auto errors = std::make_shared<ErrorListener>();
+  db_options.listeners.push_back(errors);
 
   auto cache = rocksdb::NewLRUCache(config.block_cache_bytes);
   const auto compression = ChooseCompression(config.compression);
@@ -161,10 +239,34 @@ Result<std::unique_ptr<Store>> Store::Open(const Config& config) {
   }
   std::vector<rocksdb::ColumnFamilyHandle*> handles;
   rocksdb::DB* raw = nullptr;
-  auto s = rocksdb::DB::Open(db_options, config.data_dir, descriptors, &handles, &raw);
+  // Opening for writing writes a new MANIFEST and WAL; on a file system
+  // without room for them, a failed write would leave RocksDB with a file it
+  // cannot close. Read-only, the daemon still answers queries, so the
+  // operator sees what is stored while freeing space; a restart then opens
+  // it for writing.
+  const bool exists = std::filesystem::exists(config.data_dir + "/CURRENT", ec);
+  const uint64_t free = FreeBytesOf(config.data_dir), need = OpenBytes(config.data_dir);
+  bool read_only = exists && free < need;
+  rocksdb::Status s;
+  if (!read_only) {
+    s = rocksdb::DB::Open(db_options, config.data_dir, descriptors, &handles, &raw);
+    read_only = exists && !s.ok() && IsSpaceError(s);
+  }
+  if (read_only) {
+    OPGUARD_LOG(LogLevel::kError, "cannot open the store in " + config.data_dir + " for writing (" +
+                                      (s.ok() ? MiB(free) + " free, " + MiB(need) + " needed" : s.ToString()) +
+                                      "); opening it read-only (queries only) until restarted with free space");
+    handles.clear();
+    s = rocksdb::DB::OpenForReadOnly(db_options, config.data_dir, descriptors, &handles, &raw);
+  }
   if (!s.ok()) return Unavailable("cannot open store in " + config.data_dir + ": " + s.ToString());
   std::unique_ptr<Store> store(new Store());
   store->dir_ = config.data_dir;
+  store->max_bytes_ = config.max_bytes;
+  store->reserved_bytes_ = config.reserved_bytes;
+  store->read_only_ = read_only;
+  store->files_ = std::move(files);
+  store->errors_ = std::move(errors);
   store->db_.reset(raw);
   // handles[0] is the default CF: unused, but RocksDB wants it open.
   raw->DestroyColumnFamilyHandle(handles[0]);
@@ -184,7 +286,17 @@ Status Store::Flush() {
 Status Store::Close() {
   if (closed_ || !db_) return Status::Ok();
   closed_ = true;
-  auto fs = Flush();
+  // Without room for the flush the WAL keeps the records for the next start
+  // (which replays it without flushing): a flush that fails for space would
+  // leave RocksDB with a file it cannot close.
+  Status fs;
+  if (!read_only_) {
+    if (std::string no_room = RoomFor(0); no_room.empty()) {
+      fs = Flush();
+    } else {
+      OPGUARD_LOG(LogLevel::kWarn, "store: not flushing at close (" + no_room + "); the WAL keeps the records");
+    }
+  }
   if (!fs.ok()) OPGUARD_LOG(LogLevel::kWarn, "store: flush at close failed: " + fs.message());
   for (auto* h : handles_) db_->DestroyColumnFamilyHandle(h);
   handles_.fill(nullptr);
@@ -194,9 +306,78 @@ Status Store::Close() {
 }
 
 Status Store::Write(StoreBatch* batch, bool sync) {
+  if (read_only_) return Unavailable("store write: " + WhyFull());
+  // RocksDB never gets to write into a full file system: a WAL or SST file
+  // that met ENOSPC stays broken until the DB is closed (and Debian's
+  // RocksDB, built with assertions, aborts when it closes such a file).
+  if (std::string no_room = RoomFor(batch->bytes()); !no_room.empty()) {
+    return Unavailable("store write: " + no_room);
+  }
   rocksdb::WriteOptions options;
   options.sync = sync;
-  return FromRocks(db_->Write(options, &batch->batch_), "store write");
+  auto s = db_->Write(options, &batch->batch_);
+  // A write that found the WAL's disk full stops the DB like a background
+  // error does; remember it even if no listener call came with it.
+  if (IsSpaceError(s) && errors_->error().ok()) errors_->Set(s);
+  return FromRocks(s, "store write");
+}
+
+bool Store::StoppedForSpace() const {
+  const auto error = errors_->error();
+  return !error.ok() && IsSpaceError(error);
+}
+
+uint64_t Store::FreeBytes() const { return FreeBytesOf(dir_); }
+
+uint64_t Store::StoreBytes() const { return files_->GetTotalSize(); }
+
+std::string Store::WhyFull() const {
+  if (read_only_) {
+    return "the store was opened read-only because its disk was full at start (" + MiB(FreeBytes()) +
+           " free now); restart opguardd once there is space";
+  }
+  if (const auto error = errors_->error(); !error.ok()) {
+    return "the store stopped writing after an error (" + error.ToString() + "), " + MiB(FreeBytes()) +
+           " free on its file system";
+  }
+  return SpaceShortage();
+}
+
+uint64_t Store::FlushBytes() const { return IntProperty("rocksdb.cur-size-all-mem-tables") + (1u << 20); }
+
+std::string Store::RoomFor(uint64_t bytes) const {
+  // The write goes to the WAL, and later its memtable (with the others) to
+  // SST and blob files.
+  const uint64_t need = 2 * bytes + FlushBytes();
+  if (const uint64_t free = FreeBytes(); free < need) {
+    return "the data directory's file system has " + MiB(free) + " free, less than " +
+           (bytes != 0 ? "writing " + MiB(bytes) + " and " : std::string()) + "flushing the memtables needs (" +
+           MiB(need) + ")";
+  }
+  return "";
+}
+
+std::string Store::SpaceShortage() const {
+  if (const uint64_t free = FreeBytes(); free < reserved_bytes_) {
+    return "the data directory's file system has " + MiB(free) + " free, below storage.reserved_bytes (" +
+           MiB(reserved_bytes_) + ")";
+  }
+  if (std::string no_room = RoomFor(0); !no_room.empty()) return no_room;
+  if (const uint64_t used = max_bytes_ != 0 ? StoreBytes() : 0; max_bytes_ != 0 && used >= max_bytes_) {
+    return "the store holds " + MiB(used) + ", storage.max_bytes is " + MiB(max_bytes_);
+  }
+  return "";
+}
+
+Status Store::Resume() {
+  if (read_only_) return Unavailable(WhyFull());
+  if (errors_->error().ok()) return Status::Ok();
+  // Resuming flushes the memtables: only with the space to do it.
+  if (std::string shortage = SpaceShortage(); !shortage.empty()) return Unavailable(shortage);
+  auto s = db_->Resume();
+  if (!s.ok()) return FromRocks(s, "resuming the store");
+  errors_->Set(rocksdb::Status::OK());
+  return Status::Ok();
 }
 
 Status Store::LoadRegistry(std::map<std::string, RunState>* runs, uint64_t* next_id) {
@@ -248,6 +429,31 @@ void Store::CompactRun(uint64_t run_id) {
   }
 }
 
+namespace {
+
+// Op keys are run | rank | lane | op_index, big-endian: past the run, a
+// 128-bit number that orders them.
+using Position = unsigned __int128;
+constexpr Position kLastPosition = ~Position{0};
+
+Position PositionOf(std::string_view key) {
+  Position p = 0;
+  for (size_t i = 8; i < keys::kOpKeySize; ++i) p = (p << 8) | static_cast<uint8_t>(key[i]);
+  return p;
+}
+
+std::string KeyAt(std::string_view run_key, Position p) {
+  std::string key(run_key.substr(0, 8));
+  key.resize(keys::kOpKeySize);
+  for (size_t i = keys::kOpKeySize; i-- > 8;) {
+    key[i] = static_cast<char>(static_cast<uint8_t>(p));
+    p >>= 8;
+  }
+  return key;
+}
+
+}  // namespace
+
 Status Store::ScanOps(uint64_t run, uint32_t rank, uint32_t lane, uint64_t from_op, uint32_t max,
                       const std::function<void(uint64_t, const rocksdb::Slice&)>& fn,
                       bool* more) const {
@@ -263,9 +469,19 @@ Status Store::ScanOps(uint64_t run, uint32_t rank, uint32_t lane, uint64_t from_
   // holds from_op (or the first one after it).
   bool any = false;
   uint64_t last = 0;  // ops are emitted strictly ascending
-  for (it->Seek(keys::OpKey(run, rank, lane, from_op)); it->Valid(); it->Next()) {
+  const std::string start = keys::OpKey(run, rank, lane, from_op);
+  std::string last_key;  // the last key read fine
+  for (it->Seek(start);; it->Next()) {
+    // A value that cannot be read is skipped like an undecodable chunk.
+    while (!it->Valid() && !it->status().ok()) {
+      bool to_end = false;
+      last_key = SkipDamagedOps(it.get(), last_key.empty() ? start : last_key, !last_key.empty(), &to_end);
+      if (to_end) return Status::Ok();
+    }
+    if (!it->Valid()) break;
     auto key = it->key();
     if (key.size() != keys::kOpKeySize || !key.starts_with(prefix)) continue;
+    last_key = key.ToString();
     if (!chunk.Open(keys::OpKeyIndex(key.ToStringView()), it->value().ToStringView())) continue;
     for (size_t i = chunk.LowerBound(from_op); i < chunk.size(); ++i) {
       const uint64_t op = chunk.op_index(i);
@@ -282,6 +498,46 @@ Status Store::ScanOps(uint64_t run, uint32_t rank, uint32_t lane, uint64_t from_
     }
   }
   return FromRocks(it->status(), "reading trace");
+}
+
+
+std::string Store::SkipDamagedOps(rocksdb::Iterator* it, std::string_view key, bool after_key,
+                                  bool* to_end) const {
+  // unreadable(p): the first key at or after p cannot be read. True at the
+  // start; gallop, then bisect, to the first p where it is false: the key
+  // just before p is the damaged one.
+  auto unreadable = [&](Position p) {
+    it->Seek(KeyAt(key, p));
+    return !it->Valid() && !it->status().ok();
+  };
+  Position bad = PositionOf(key);
+  if (after_key) ++bad;
+  unreadable(bad);
+  const rocksdb::Status error = it->status();
+  Position good = bad;
+  *to_end = false;
+  for (Position step = 1;; step <<= 1) {
+    good = kLastPosition - bad > step ? bad + step : kLastPosition;
+    if (!unreadable(good)) break;
+    bad = good;
+    if (good == kLastPosition) {
+      *to_end = true;
+      break;
+    }
+  }
+  while (!*to_end && good - bad > 1) {
+    const Position mid = bad + (good - bad) / 2;
+    (unreadable(mid) ? bad : good) = mid;
+  }
+  if (!*to_end) it->Seek(KeyAt(key, good));
+  const std::string damaged = KeyAt(key, bad);
+  if (read_errors_.fetch_add(1, std::memory_order_relaxed) == 0) {
+    OPGUARD_LOG(LogLevel::kError, "store: damaged value under ops key " +
+                                      rocksdb::Slice(damaged).ToString(/*hex=*/true) + " (" + error.ToString() +
+                                      "); its ops are answered as a gap (later ones are counted in "
+                                      "opguard_store_read_errors_total)");
+  }
+  return damaged;
 }
 
 std::optional<uint32_t> Store::NextLane(uint64_t run, uint32_t rank, uint32_t lane) const {

@@ -12,9 +12,11 @@
 #pragma once
 
 #include <rocksdb/db.h>
+#include <rocksdb/sst_file_manager.h>
 #include <rocksdb/write_batch.h>
 
 #include <array>
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -80,9 +82,41 @@ class StoreBatch {
 
 class Store {
  public:
-  // Opens (creating if needed) the database under config.data_dir.
+  // Opens (creating if needed) the database under config.data_dir. On a
+  // file system too full to open it for writing, opens it read-only
+  // (read_only(): queries answer, every write is refused) rather than fail.
   static Result<std::unique_ptr<Store>> Open(const Config& config);
   ~Store();
+
+  // Space management (docs/storage.md, "Disk space"). Why the store refuses
+  // new records now, or "" when it takes them: opened read-only, a RocksDB
+  // background error (ENOSPC) not yet cleared, free space on the data
+  // directory's file system below storage.reserved_bytes, or the store's
+  // files at storage.max_bytes. Deletions are refused only in the first two
+  // cases. Any thread; a statvfs and a few counters.
+  std::string WhyFull() const;
+  // WhyFull's reasons that refuse ingest alone: free space below
+  // storage.reserved_bytes or below what RoomFor(0) needs, the store at
+  // storage.max_bytes.
+  std::string SpaceShortage() const;
+  // "" when the file system has room to write `bytes` and later flush the
+  // memtables (2 x bytes + memtables + 1 MiB); else why not. Write refuses
+  // without it (Unavailable), so RocksDB itself never meets ENOSPC from our
+  // writes; only a disk filled by others between two checks can.
+  std::string RoomFor(uint64_t bytes) const;
+  // After a failed write: a RocksDB background error with no space left
+  // (ENOSPC, or storage.max_bytes) holds writes until Resume.
+  bool StoppedForSpace() const;
+  // Clears a background error once SpaceShortage() is empty (DB::Resume:
+  // flushes the memtables again). OK when there was none.
+  Status Resume();
+  bool read_only() const { return read_only_; }
+  // Bytes of SST and blob files, as RocksDB's SstFileManager tracks them
+  // (what storage.max_bytes bounds; the WAL, at most 4 write buffers, and
+  // memtables not yet flushed come on top).
+  uint64_t StoreBytes() const;
+  // Free bytes for this process on the data directory's file system.
+  uint64_t FreeBytes() const;
 
   // Flushes memtables (so the next start replays no WAL) and closes. Called
   // once at shutdown after the last write; the destructor calls it too.
@@ -91,6 +125,8 @@ class Store {
   Status Flush();
 
   // Durable write: returns once the WAL holding `batch` is synced.
+  // Unavailable (nothing written) when there is no room for it (RoomFor)
+  // or the store is read-only.
   Status Write(StoreBatch* batch, bool sync);
 
   // Reads the run registry (meta CF) and the next free run id.
@@ -126,6 +162,20 @@ class Store {
   std::unique_ptr<rocksdb::Iterator> NewScan(Cf cf, const rocksdb::Slice* upper,
                                              bool fill_cache) const;
 
+  // A scan of the ops column family (`it`, from NewScan) stopped on a value
+  // it cannot read: a blob or block whose checksum does not match, an I/O
+  // error. The damage is at or after the op key `key` (after it, when
+  // `after_key`: the last key read fine). Finds, with at most ~256 seeks, the
+  // first key after the damage that reads and leaves `it` there; *to_end when
+  // nothing after the damage reads (then `it` is left failed). Returns the
+  // damaged key, whose ops the caller reports as a gap. Logs the
+  // first damage and counts each (read_errors()). The damaged key is exact
+  // for one damaged value; damage spread over several values may put the
+  // good values between them into the gap too.
+  std::string SkipDamagedOps(rocksdb::Iterator* it, std::string_view key, bool after_key,
+                             bool* to_end) const;
+  uint64_t read_errors() const { return read_errors_.load(std::memory_order_relaxed); }
+
   // Bytes of every file in the data directory (SSTs, WAL, manifests).
   uint64_t DiskBytes() const;
   uint64_t CfSstBytes(Cf cf) const;
@@ -136,12 +186,20 @@ class Store {
   friend class StoreBatch;
   Store() = default;
   rocksdb::ColumnFamilyHandle* cf(Cf which) const { return handles_[static_cast<int>(which)]; }
+  uint64_t FlushBytes() const;  // free space a flush of every memtable may need
   std::map<uint64_t, std::string> GetDefs(uint64_t run, char kind,
                                           const std::vector<uint64_t>& ids) const;
+  class ErrorListener;
   std::string dir_;
+  uint64_t max_bytes_ = 0;       // storage.max_bytes (0: none)
+  uint64_t reserved_bytes_ = 0;  // storage.reserved_bytes
+  bool read_only_ = false;
+  std::shared_ptr<rocksdb::SstFileManager> files_;
+  std::shared_ptr<ErrorListener> errors_;
   std::unique_ptr<rocksdb::DB> db_;
   std::array<rocksdb::ColumnFamilyHandle*, kCfCount> handles_{};
   bool closed_ = false;
+  mutable std::atomic<uint64_t> read_errors_{0};
 };
 
 }  // namespace opguard::daemon

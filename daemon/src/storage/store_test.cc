@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+
 #include "opguard/daemon/testing/batch_maker.h"
 #include "storage/meta_values.h"
 #include "storage/temp_store.h"
@@ -210,6 +213,61 @@ TEST(Store, RunMetaWithInvalidUtf8IsWrittenNotThrown) {
   EXPECT_NO_THROW(wb.PutRunMeta(run));
   EXPECT_NO_THROW(wb.PutRank(1, 0, run.ranks[0]));
   EXPECT_TRUE(store->Write(&wb, true).ok());
+}
+
+// A value whose blob no longer matches its checksum is skipped (the scan
+// goes on after it and counts it), wherever it is in the lane.
+TEST(Store, AnUnreadableValueIsSkippedNotAFailedScan) {
+  // Where the flipped byte lands among the 9 records of the blob file: a
+  // middle value of lane 0, its last value, lane 1's only value.
+  struct Case {
+    double where;
+    size_t lane0, lane1;
+  };
+  for (const Case c : {Case{0.5, 7, 1}, Case{0.83, 7, 1}, Case{0.97, 8, 0}}) {
+    const double where = c.where;
+    testing::TempDir dir;
+    Config config;
+    config.data_dir = dir.path() + "/data";
+    {
+      auto store = Store::Open(config);
+      ASSERT_TRUE(store.ok()) << store.status().message();
+      StoreBatch wb(store->get());
+      // Values of 2 KiB go to a blob file (min_blob_size 1 KiB).
+      for (uint64_t op = 0; op < 8; ++op) wb.PutOpChunk(3, 0, 0, op, std::string(2048, static_cast<char>('a' + op)));
+      wb.PutOpChunk(3, 0, 1, 0, std::string(2048, 'z'));  // the next lane
+      ASSERT_TRUE((*store)->Write(&wb, true).ok());
+      ASSERT_TRUE((*store)->Close().ok());
+    }
+    std::filesystem::path blob;
+    for (const auto& e : std::filesystem::directory_iterator(config.data_dir)) {
+      if (e.path().extension() == ".blob") blob = e.path();
+    }
+    ASSERT_FALSE(blob.empty());
+    {
+      std::fstream f(blob, std::ios::in | std::ios::out | std::ios::binary);
+      const auto at = static_cast<std::streamoff>(static_cast<double>(std::filesystem::file_size(blob)) * where);
+      f.seekp(at);
+      f.put('#');
+      ASSERT_TRUE(f.good());
+    }
+    auto store = Store::Open(config);
+    ASSERT_TRUE(store.ok()) << store.status().message();
+    std::vector<uint64_t> ops;
+    bool more = false;
+    Status st = (*store)->ScanOps(3, 0, 0, 0, 100, [&](uint64_t op, const rocksdb::Slice&) { ops.push_back(op); },
+                                  &more);
+    ASSERT_TRUE(st.ok()) << st.message();
+    EXPECT_EQ(ops.size(), c.lane0) << "damage at " << where;
+    if (c.where == 0.83) {
+      EXPECT_EQ(ops.back(), 6u);
+    }
+    ops.clear();
+    ASSERT_TRUE((*store)->ScanOps(3, 0, 1, 0, 100, [&](uint64_t op, const rocksdb::Slice&) { ops.push_back(op); },
+                                  &more).ok());
+    EXPECT_EQ(ops.size(), c.lane1) << "damage at " << where;
+    EXPECT_EQ((*store)->read_errors(), 1u);
+  }
 }
 
 }  // namespace

@@ -68,6 +68,11 @@ struct Config {
   std::string compression = "lz4";          // lz4 | zstd | snappy | none
   std::string bottommost_compression = "zstd";  // the level where data settles
   std::string compaction = "level";         // level | universal
+  // Disk space (docs/storage.md): new records are refused ("retry later")
+  // while the store holds max_bytes (0: no limit) or its file system has
+  // less than reserved_bytes free; queries and deletions go on.
+  uint64_t max_bytes = 0;
+  uint64_t reserved_bytes = 256u << 20;
 
   // Retention: 0 disables a limit. Oldest runs (by last record) are removed
   // first; the most recently active run is never removed by retention.

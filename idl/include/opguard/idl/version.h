@@ -8,9 +8,10 @@
 namespace opguard::wire {
 
 inline constexpr uint16_t kSchemaMajor = 1;
-inline constexpr uint16_t kSchemaMinor = 5;  // 1: aligner queries; 2: OpRecord.replicated;
+inline constexpr uint16_t kSchemaMinor = 6;  // 1: aligner queries; 2: OpRecord.replicated;
                                              // 3: CollectivesAnswer.groups;
                                              // 4: full run and status summaries;
-                                             // 5: the JSON API across nodes
+                                             // 5: the JSON API across nodes;
+                                             // 6: AckCode.Retry
 
 }  // namespace opguard::wire

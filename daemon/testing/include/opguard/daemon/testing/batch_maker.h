@@ -73,6 +73,7 @@ class RankSender {
 
   const std::set<uint64_t>& acked() const { return acked_; }
   uint64_t rejected() const { return rejected_; }
+  uint64_t retried() const { return retried_; }  // "retry later" answers (disk full)
   uint64_t ops_acked() const { return acked_.size() * ops_per_batch_; }
 
  private:
@@ -84,6 +85,7 @@ class RankSender {
   BatchOptions options_;
   std::set<uint64_t> acked_;
   uint64_t rejected_ = 0;
+  uint64_t retried_ = 0;
   mutable std::string template_;
   std::atomic<bool> abort_{false};
   void* context_ = nullptr;  // zmq::context_t
@@ -93,7 +95,7 @@ class RankSender {
 // Returns the reply bytes, or an error on timeout.
 Result<std::string> SendRaw(const std::string& endpoint, const std::string& frame,
                             std::chrono::milliseconds timeout);
-// Decodes an Ack envelope: "durable" or "rejected: <error>".
+// Decodes an Ack envelope: "durable", "rejected: <error>" or "retry: <error>".
 std::string DescribeAck(const std::string& bytes);
 
 class TempDir {

@@ -1,0 +1,426 @@
+// opguardd and its disk (docs/storage.md, "Disk space"), against a real
+// daemon process and real RocksDB: at storage.max_bytes or on a full file
+// system new batches are answered "retry later" while queries and rm go on,
+// ingest resumes by itself once space is freed, and no acknowledged record
+// is lost; the daemon starts on a full disk; a damaged value is a gap in the
+// answer, not a failed query.
+//
+// The full file system is a small tmpfs mounted by the test (needs root, or
+// CAP_SYS_ADMIN); without the right to mount, those cases skip and say why.
+// OPGUARDD_UNDER_TEST=PATH runs these against another opguardd build.
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <sys/mount.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "opguard/daemon/client.h"
+#include "opguard/daemon/testing/batch_maker.h"
+#include "opguard/idl/envelope.h"
+
+namespace opguard::daemon {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+using testing::BatchOptions;
+namespace fs = std::filesystem;
+
+constexpr uint32_t kOpsPerBatch = 128;  // one stored chunk per batch
+
+std::string Opguardd() {
+  const char* other = std::getenv("OPGUARDD_UNDER_TEST");
+  return other != nullptr && *other != '\0' ? other : OPGUARDD_PATH;
+}
+
+// Polls `done` every 50 ms until it holds or `limit` passes.
+bool WaitFor(const std::function<bool()>& done, std::chrono::milliseconds limit) {
+  const auto deadline = Clock::now() + limit;
+  while (Clock::now() < deadline) {
+    if (done()) return true;
+    std::this_thread::sleep_for(50ms);
+  }
+  return done();
+}
+
+// Writes zeros to `path` until the file system refuses (ENOSPC): a disk
+// another program filled. Returns the bytes written.
+uint64_t FillUp(const std::string& path) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return 0;
+  std::vector<char> block(1 << 20, 0);
+  uint64_t written = 0;
+  for (size_t size = block.size(); size >= 512; size /= 4) {
+    while (true) {
+      ssize_t n = ::write(fd, block.data(), size);
+      if (n <= 0) break;
+      written += static_cast<uint64_t>(n);
+    }
+  }
+  ::fsync(fd);
+  ::close(fd);
+  return written;
+}
+
+class DiskTest : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    daemon_.reset();  // killed before its file system goes
+    if (!mounted_.empty()) ::umount2(mounted_.c_str(), MNT_DETACH);
+  }
+
+  // A tmpfs of `size` under the test's temp dir; "" (with the reason in
+  // *why) when this process may not mount.
+  std::string MountSmallFileSystem(const std::string& size, std::string* why) {
+    const std::string dir = dir_.path() + "/fs";
+    fs::create_directories(dir);
+    if (::mount("opguard-test", dir.c_str(), "tmpfs", 0, ("size=" + size + ",mode=0700").c_str()) != 0) {
+      *why = std::string("cannot mount a tmpfs (") + std::strerror(errno) +
+             "): a full file system needs root or CAP_SYS_ADMIN";
+      return "";
+    }
+    mounted_ = dir;
+    return dir;
+  }
+
+  testing::DaemonProcess& StartDaemon(const std::string& dir, std::vector<std::string> args) {
+    daemon_ = std::make_unique<testing::DaemonProcess>(Opguardd(), dir, std::move(args));
+    Status st = daemon_->Start();
+    EXPECT_TRUE(st.ok()) << st.message() << LogTail(*daemon_);
+    return *daemon_;
+  }
+
+  // The end of the daemon's log, for failure messages.
+  static std::string LogTail(const testing::DaemonProcess& d) {
+    std::ifstream in(d.log_path());
+    std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    return "\n--- daemon log ---\n" + all.substr(all.size() > 3000 ? all.size() - 3000 : 0);
+  }
+
+  static std::string Ack(testing::DaemonProcess& d, const std::string& frame) {
+    auto reply = testing::SendRaw(d.ingest(), frame, 10s);
+    return reply.ok() ? testing::DescribeAck(*reply) : "no ack: " + reply.status().message();
+  }
+
+  static double Metric(testing::DaemonProcess& d, const std::string& name) {
+    auto metrics = testing::HttpGet(d.http(), "/metrics");
+    if (!metrics.ok()) return -1;
+    auto pos = metrics->body.find("\n" + name + " ");
+    if (pos == std::string::npos) return -1;
+    return std::stod(metrics->body.substr(pos + name.size() + 2));
+  }
+
+  // Every op index of (run, rank, lane 0), read back page by page; an
+  // error ends the list (and fails the test).
+  static std::vector<uint64_t> ReadAll(testing::DaemonProcess& d, const std::string& run, uint32_t rank = 0) {
+    std::vector<uint64_t> ops;
+    DaemonClient client(d.query(), 10s);
+    uint64_t from = 0;
+    for (int page = 0; page < 1000; ++page) {
+      auto answer = client.ReadTrace(run, rank, 0, from, 5000);
+      EXPECT_TRUE(answer.ok()) << run << ": " << answer.status().message();
+      if (!answer.ok()) break;
+      const auto* t = answer->envelope()->message_as_ReadTraceAnswer();
+      if (t->ops()) {
+        for (const auto* op : *t->ops()) ops.push_back(op->op_index());
+      }
+      if (t->done()) break;
+      from = t->next_op();
+    }
+    return ops;
+  }
+
+  // Sends `batches` batches of `run` (rank 0) and expects every one acked.
+  static void SendAll(testing::DaemonProcess& d, const std::string& run, uint64_t session, uint64_t batches) {
+    testing::RankSender sender(d.ingest(), run, 0, session, kOpsPerBatch);
+    Status st = sender.Run(batches, Clock::now() + 60s, 8);
+    ASSERT_TRUE(st.ok()) << st.message();
+    EXPECT_EQ(sender.rejected(), 0u);
+  }
+
+  static void ExpectAllOps(testing::DaemonProcess& d, const std::string& run, uint64_t batches) {
+    const auto ops = ReadAll(d, run);
+    ASSERT_EQ(ops.size(), batches * kOpsPerBatch) << run;
+    for (uint64_t i = 0; i < ops.size(); ++i) ASSERT_EQ(ops[i], i) << run;
+  }
+
+  testing::TempDir dir_;
+  std::string mounted_;
+  std::unique_ptr<testing::DaemonProcess> daemon_;
+};
+
+// A thread joined when it goes out of scope (an ASSERT may return early).
+struct JoinedThread {
+  explicit JoinedThread(std::function<void()> fn) : thread(std::move(fn)) {}
+  ~JoinedThread() { Join(); }
+  void Join() {
+    if (thread.joinable()) thread.join();
+  }
+  std::thread thread;
+};
+
+// A sender that keeps sending `batches` in the background, as a shim does
+// while the daemon answers "retry later".
+struct BackgroundSender {
+  BackgroundSender(testing::DaemonProcess& d, const std::string& run, uint64_t session, uint64_t batches)
+      : sender(d.ingest(), run, 0, session, kOpsPerBatch), total(batches) {
+    thread = std::thread([this] {
+      result = sender.Run(total, Clock::now() + 90s, 4, 0, std::chrono::milliseconds(300));
+    });
+  }
+  ~BackgroundSender() {
+    sender.Abort();
+    if (thread.joinable()) thread.join();
+  }
+  Status Join() {
+    thread.join();
+    return result;
+  }
+  testing::RankSender sender;
+  uint64_t total;
+  Status result;
+  std::thread thread;
+};
+
+// storage.max_bytes needs no mount: the store refuses new records at the
+// limit, answers queries and rm, and takes records again once rm gave the
+// space back. The batches sent meanwhile were kept by their sender and
+// arrive whole; a restart over the limit starts and behaves the same.
+TEST_F(DiskTest, AtStorageMaxBytesIngestWaitsAndResumesAfterRm) {
+  const std::vector<std::string> args = {"--storage.max-bytes", "3MiB", "--storage.write-buffer-bytes", "1MiB",
+                                         "--storage.reserved-bytes", "0"};
+  auto* d = &StartDaemon(dir_.path(), args);
+  ASSERT_TRUE(d->Running());
+  SendAll(*d, "keep", 1, 10);
+
+  // Fill the store: a sender with far more than 3 MiB to say.
+  {
+    BackgroundSender big(*d, "big", 2, 5000);
+    ASSERT_TRUE(WaitFor([&] { return big.sender.retried() > 0; }, 60s))
+        << "the daemon never answered 'retry later' (" << big.sender.acked().size() << " batches acked)";
+  }
+  ASSERT_TRUE(WaitFor([&] { return Metric(*d, "opguard_ingest_read_only") == 1; }, 10s));
+  const std::string refused = Ack(*d, testing::MakeBatch("other", 0, 3, 0, 0, 10, {}));
+  EXPECT_EQ(refused.rfind("retry: ", 0), 0u) << refused;
+  EXPECT_NE(refused.find("storage.max_bytes"), std::string::npos) << refused;
+
+  // A job sending while the store is full: kept, resent, stored later.
+  BackgroundSender late(*d, "late", 4, 30);
+  ASSERT_TRUE(WaitFor([&] { return late.sender.retried() > 0; }, 10s));
+  // Queries are answered meanwhile.
+  ExpectAllOps(*d, "keep", 10);
+
+  // A restart over the limit: the daemon starts, still refuses, serves.
+  late.sender.Abort();
+  (void)late.Join();
+  EXPECT_EQ(d->Stop(), 0);
+  d = &StartDaemon(dir_.path(), args);
+  ASSERT_TRUE(d->Running());
+  EXPECT_EQ(Metric(*d, "opguard_ingest_read_only"), 1);
+  EXPECT_EQ(Ack(*d, testing::MakeBatch("other", 0, 3, 0, 0, 10, {})).rfind("retry: ", 0), 0u);
+  ExpectAllOps(*d, "keep", 10);
+
+  BackgroundSender again(*d, "late", 4, 30);
+  // And the real shim (opguard-loadgen's ranks): it logs the reason once,
+  // keeps its records and delivers them all once the store takes them.
+  const std::string shim_log = dir_.path() + "/loadgen.stderr";
+  testing::CommandResult loadgen;
+  JoinedThread shims([&] {
+    loadgen = testing::RunCommand(std::string(OPGUARD_LOADGEN_PATH) +
+                                      " --run shims --ranks 2 --ops 3000 --flush-timeout-ms 60000 --endpoint " +
+                                      d->ingest() + " --json 2>" + shim_log,
+                                  90);
+  });
+  auto shim_warnings = [&] {
+    std::ifstream in(shim_log);
+    std::string line;
+    int n = 0;
+    while (std::getline(in, line)) n += line.find("cannot store records now") != std::string::npos;
+    return n;
+  };
+  const bool shims_told = WaitFor([&] { return shim_warnings() == 2; }, 20s);
+  DaemonClient client(d->query(), 60s);
+  Status rm = client.DeleteRun("big");
+  ASSERT_TRUE(rm.ok()) << rm.message();
+  // The compaction of the removed run gives its space back; ingest resumes.
+  ASSERT_TRUE(WaitFor([&] { return Metric(*d, "opguard_ingest_read_only") == 0; }, 30s))
+      << "store bytes stayed at the limit after rm";
+  Status st = again.Join();
+  shims.Join();
+  ASSERT_TRUE(st.ok()) << st.message();
+  EXPECT_TRUE(shims_told) << "each rank's shim logs the reason once";
+  EXPECT_EQ(shim_warnings(), 2);
+  ASSERT_EQ(loadgen.exit_code, 0) << loadgen.output;
+  const auto lg = nlohmann::json::parse(loadgen.output.substr(loadgen.output.find('{')), nullptr, false);
+  ASSERT_FALSE(lg.is_discarded()) << loadgen.output;
+  EXPECT_TRUE(lg["all_acknowledged"].get<bool>()) << loadgen.output;
+  for (const auto& r : lg["per_rank"]) {
+    EXPECT_EQ(ReadAll(*d, "shims", r["rank"].get<uint32_t>()).size(), r["ops"].get<uint64_t>());
+  }
+  ExpectAllOps(*d, "late", 30);
+  ExpectAllOps(*d, "keep", 10);
+  EXPECT_GT(Metric(*d, "opguard_batches_deferred_total"), 0);
+  EXPECT_EQ(Ack(*d, testing::MakeBatch("other", 0, 3, 0, 0, 10, {})), "durable");
+  EXPECT_EQ(d->Stop(), 0);
+}
+
+// A file system another program filled to the last byte: the daemon answers
+// "retry later" (it does not let RocksDB write into it), keeps serving
+// queries, and takes records again by itself once space is freed. Then a
+// start on the full disk: queries are answered.
+TEST_F(DiskTest, AFullFileSystemPausesIngestAndTheDaemonStillStartsOnIt) {
+  std::string why;
+  const std::string dir = MountSmallFileSystem("48m", &why);
+  if (dir.empty()) GTEST_SKIP() << why;
+  const std::vector<std::string> args = {"--storage.reserved-bytes", "0", "--storage.write-buffer-bytes", "1MiB",
+                                         "--storage.memtable-budget-bytes", "8MiB"};
+  auto* d = &StartDaemon(dir, args);
+  ASSERT_TRUE(d->Running());
+  SendAll(*d, "keep", 1, 10);
+
+  const std::string filler = dir + "/filler";
+  ASSERT_GT(FillUp(filler), 0u);
+  BackgroundSender late(*d, "late", 2, 400);
+  ASSERT_TRUE(WaitFor([&] { return late.sender.retried() > 0; }, 30s))
+      << "the full file system never stopped ingest (" << late.sender.acked().size() << " batches acked)";
+  EXPECT_EQ(Metric(*d, "opguard_ingest_read_only"), 1);
+  const std::string refused = Ack(*d, testing::MakeBatch("other", 0, 3, 0, 0, 10, {}));
+  EXPECT_EQ(refused.rfind("retry: ", 0), 0u) << refused;
+  EXPECT_NE(refused.find("free, less than"), std::string::npos) << refused;
+  ExpectAllOps(*d, "keep", 10);
+  // Nothing can be written, not even a deletion: a clear refusal.
+  DaemonClient client(d->query(), 30s);
+  Status rm = client.DeleteRun("keep");
+  EXPECT_FALSE(rm.ok());
+  EXPECT_NE(rm.message().find("free, less than"), std::string::npos) << rm.message();
+
+  // The operator frees space: the daemon takes records again by itself.
+  fs::remove(filler);
+  Status st = late.Join();
+  ASSERT_TRUE(st.ok()) << st.message() << LogTail(*d);
+  EXPECT_EQ(Metric(*d, "opguard_ingest_read_only"), 0);
+  ExpectAllOps(*d, "late", 400);
+  ExpectAllOps(*d, "keep", 10);
+
+  // Started on a full disk: it starts and answers from what is stored.
+  EXPECT_EQ(d->Stop(), 0);
+  ASSERT_GT(FillUp(filler), 0u);
+  d = &StartDaemon(dir, args);
+  ASSERT_TRUE(d->Running()) << "the daemon did not start on a full disk";
+  ExpectAllOps(*d, "keep", 10);
+  ExpectAllOps(*d, "late", 400);
+  const std::string on_full = Ack(*d, testing::MakeBatch("other", 0, 3, 0, 0, 10, {}));
+  EXPECT_EQ(on_full.rfind("retry: ", 0), 0u) << on_full << LogTail(*d);
+  EXPECT_EQ(Metric(*d, "opguard_ingest_read_only"), 1);
+  fs::remove(filler);
+  EXPECT_EQ(d->Stop(), 0);
+  d = &StartDaemon(dir, args);
+  ASSERT_TRUE(d->Running());
+  EXPECT_EQ(Ack(*d, testing::MakeBatch("other", 0, 3, 0, 0, 10, {})), "durable");
+  ExpectAllOps(*d, "late", 400);
+  EXPECT_EQ(d->Stop(), 0);
+}
+
+// With storage.reserved_bytes, the daemon stops taking records before the
+// file system is full: rm still has room to work and gives space back.
+TEST_F(DiskTest, BelowReservedBytesIngestWaitsAndRmStillWorks) {
+  std::string why;
+  const std::string dir = MountSmallFileSystem("48m", &why);
+  if (dir.empty()) GTEST_SKIP() << why;
+  auto& d = StartDaemon(dir, {"--storage.reserved-bytes", "16MiB", "--storage.write-buffer-bytes", "1MiB"});
+  ASSERT_TRUE(d.Running());
+  SendAll(d, "keep", 1, 10);
+  SendAll(d, "old", 2, 10);
+  // Leave 8 MiB free: a filler of the rest.
+  const std::string filler = dir + "/filler";
+  {
+    const uint64_t total = FillUp(filler);
+    ASSERT_GT(total, 8u << 20);
+    fs::resize_file(filler, total - (8u << 20));
+  }
+  ASSERT_TRUE(WaitFor([&] { return Metric(d, "opguard_ingest_read_only") == 1; }, 10s));
+  const std::string refused = Ack(d, testing::MakeBatch("other", 0, 3, 0, 0, 10, {}));
+  EXPECT_NE(refused.find("storage.reserved_bytes"), std::string::npos) << refused;
+  DaemonClient client(d.query(), 30s);
+  Status rm = client.DeleteRun("old");
+  EXPECT_TRUE(rm.ok()) << rm.message();
+  ExpectAllOps(d, "keep", 10);
+  fs::resize_file(filler, 0);
+  ASSERT_TRUE(WaitFor([&] { return Metric(d, "opguard_ingest_read_only") == 0; }, 10s));
+  EXPECT_EQ(Ack(d, testing::MakeBatch("other", 0, 3, 0, 0, 10, {})), "durable");
+  EXPECT_EQ(d.Stop(), 0);
+}
+
+// One damaged blob (a flipped byte: RocksDB's checksum no longer matches)
+// used to fail the whole diff; now its ops are a gap and the rest answers.
+TEST_F(DiskTest, ADamagedValueIsAGapNotAFailedQuery) {
+  constexpr uint64_t kBatches = 40;
+  auto* d = &StartDaemon(dir_.path(), {});
+  ASSERT_TRUE(d->Running());
+  SendAll(*d, "ref", 1, kBatches);
+  SendAll(*d, "sus", 2, kBatches);
+  EXPECT_EQ(d->Stop(), 0);  // flushed: op chunks are in blob files now
+
+  std::vector<fs::path> blobs;
+  for (const auto& e : fs::directory_iterator(d->data_dir())) {
+    if (e.path().extension() == ".blob") blobs.push_back(e.path());
+  }
+  ASSERT_FALSE(blobs.empty()) << "no blob file in " << d->data_dir();
+  {
+    // One byte in the middle of the largest blob file: inside a chunk.
+    std::sort(blobs.begin(), blobs.end(), [](const fs::path& a, const fs::path& b) {
+      return fs::file_size(a) > fs::file_size(b);
+    });
+    std::fstream f(blobs[0], std::ios::in | std::ios::out | std::ios::binary);
+    const auto middle = static_cast<std::streamoff>(fs::file_size(blobs[0]) / 2);
+    f.seekg(middle);
+    char c = 0;
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ 0x5a);
+    f.seekp(middle);
+    f.write(&c, 1);
+    ASSERT_TRUE(f.good());
+  }
+
+  d = &StartDaemon(dir_.path(), {});
+  ASSERT_TRUE(d->Running());
+  auto diff = testing::HttpGet(d->http(), "/api/diff?reference=ref&suspect=sus", 60s);
+  ASSERT_TRUE(diff.ok()) << diff.status().message();
+  ASSERT_EQ(diff->status, 200) << diff->body;
+  const auto j = nlohmann::json::parse(diff->body);
+  EXPECT_NE(j["status"], "identical") << diff->body;  // a hole is not agreement
+  EXPECT_NE(diff->body.find("missing"), std::string::npos) << diff->body;
+  // One chunk (at most 128 ops, one contiguous range) of one run is gone;
+  // everything else reads, the pages skip the hole.
+  const uint64_t total = kBatches * kOpsPerBatch;
+  auto ref = ReadAll(*d, "ref"), sus = ReadAll(*d, "sus");
+  auto& damaged = ref.size() < sus.size() ? ref : sus;
+  EXPECT_EQ(std::max(ref.size(), sus.size()), total);
+  ASSERT_LT(damaged.size(), total);
+  EXPECT_GE(damaged.size(), total - kOpsPerBatch);
+  uint64_t holes = 0;
+  for (size_t i = 1; i < damaged.size(); ++i) holes += damaged[i] != damaged[i - 1] + 1;
+  holes += damaged.front() != 0;
+  holes += damaged.back() != total - 1;
+  EXPECT_EQ(holes, 1u) << "the missing ops are one range";
+  EXPECT_GE(Metric(*d, "opguard_store_read_errors_total"), 1);
+  EXPECT_EQ(d->Stop(), 0);
+}
+
+}  // namespace
+}  // namespace opguard::daemon
