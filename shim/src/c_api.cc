@@ -399,7 +399,7 @@ OPGUARD_API int opguard_kernels_begin(uint64_t* key_out) {
 OPGUARD_API int opguard_kernels_end(uint64_t key) {
   // Also after shutdown: a key pushed must be popped.
   return Guard("opguard_kernels_end", OPGUARD_ERR_DISABLED, [&] {
-    Core* core = g_core.load(std::memory_order_acquire);
+    Core* core = opguard::shim::g_core.load(std::memory_order_acquire);
     if (core == nullptr || key == 0) return OPGUARD_ERR_INVALID;
     core->KernelsEnd(key);
     return OPGUARD_OK;

@@ -15,6 +15,7 @@
 
 #include "adapter_state.h"
 #include "collective_kinds.h"
+#include "device_fingerprint.h"
 #include "opguard/shim.h"
 #include "python_frames.h"
 #include "tensor_fingerprint.h"
@@ -326,6 +327,10 @@ void RecordNativeCompleted(NativeCollective& native) {
       }
     }
     if ((native.future && native.future->hasError()) || !Recording()) return;
+    // Device outputs (NCCL's, gloo's on CUDA tensors): fingerprinted on a
+    // stream ordered after the work; the future is complete as soon as the
+    // work is enqueued, its events say when its kernels are done.
+    StreamAfterWork after_work(native.future.get(), native.outputs);
     OpContext ctx;
     if (!FingerprintAll(native.outputs, ctx, ThisThread())) return;
     // The issuing lane and position of the Entered record, not this thread's.
