@@ -5,6 +5,7 @@
 #include "torch_compat.h"
 
 #if defined(OPGUARD_TORCH_CUDA)
+#include <c10/core/Event.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -59,6 +60,26 @@ struct StreamAfterWork::Guard {
   c10::cuda::CUDAStreamGuard current;
   explicit Guard(c10::cuda::CUDAStream s) : stream(s), current(s) {}
 };
+
+namespace {
+
+class CudaFence final : public FingerprintFence {
+ public:
+  explicit CudaFence(const c10::cuda::CUDAStream& stream)
+      : device_(stream.device_index()), event_(c10::DeviceType::CUDA) {
+    event_.record(stream);
+  }
+  bool Passed() const override { return event_.query(); }
+  void OrderCurrentStreamAfter() const override {
+    event_.block(c10::cuda::getCurrentCUDAStream(device_));
+  }
+
+ private:
+  c10::DeviceIndex device_;
+  c10::Event event_;
+};
+
+}  // namespace
 #endif
 
 StreamAfterWork::StreamAfterWork(c10::ivalue::Future* completed_future,
@@ -83,6 +104,13 @@ StreamAfterWork::StreamAfterWork(c10::ivalue::Future* completed_future,
   completed_future->wait();
   active_ = true;
 #endif
+}
+
+std::shared_ptr<FingerprintFence> StreamAfterWork::Fence() {
+#if defined(OPGUARD_TORCH_CUDA)
+  if (guard_ != nullptr) return std::make_shared<CudaFence>(guard_->stream);
+#endif
+  return nullptr;
 }
 
 StreamAfterWork::~StreamAfterWork() {

@@ -9,7 +9,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/ivalue.h>
 
-#include <optional>
+#include <memory>
 #include <vector>
 
 #include "op_record.h"
@@ -36,6 +36,8 @@ bool FingerprintDeviceTensor(const at::Tensor& t, Shapes& shapes, opguard_tensor
 // caching allocator cannot hand it out before the fingerprints have read
 // it. Does nothing for a future without device events (CPU tensors) and in
 // a build without the device path.
+class FingerprintFence;
+
 class StreamAfterWork {
  public:
   StreamAfterWork(c10::ivalue::Future* completed_future, const std::vector<at::Tensor>& outputs);
@@ -45,6 +47,9 @@ class StreamAfterWork {
 
   // Whether the outputs are fingerprinted on a stream of OpGuard's.
   bool active() const { return active_; }
+  // After the fingerprints were enqueued: a fence behind them on that
+  // stream (null when not active).
+  std::shared_ptr<FingerprintFence> Fence();
 
  private:
   const std::vector<at::Tensor>& outputs_;
@@ -53,6 +58,19 @@ class StreamAfterWork {
   struct Guard;
   Guard* guard_ = nullptr;
 #endif
+};
+
+// The point on OpGuard's stream after a collective's output fingerprints.
+// An op that writes the output later must not run before them: such an op
+// waits for the work's events, which say nothing of OpGuard's stream, so
+// the op observer makes it wait for this too (collectives.cc).
+class FingerprintFence {
+ public:
+  virtual ~FingerprintFence() = default;
+  // The fingerprints have run (never blocks).
+  virtual bool Passed() const = 0;
+  // The current stream of the fence's device waits for it, on the device.
+  virtual void OrderCurrentStreamAfter() const = 0;
 };
 
 }  // namespace opguard::torch_adapter

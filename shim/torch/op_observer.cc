@@ -603,6 +603,7 @@ std::unique_ptr<at::ObserverContext> OnStart(const at::RecordFunction& fn) {
   ThreadState& ts = ThisThread();
   try {
     RecordCompletedNatives();
+    if (fn.scope() == at::RecordScope::FUNCTION) OrderAfterOutputFingerprints(fn);
     switch (fn.scope()) {
       case at::RecordScope::FUNCTION:
         return OnFunctionStart(fn, ts);
