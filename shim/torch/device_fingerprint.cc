@@ -5,9 +5,12 @@
 #include "torch_compat.h"
 
 #if defined(OPGUARD_TORCH_CUDA)
+// Device-generic guard and event (through the CUDA guard implementation
+// libc10_cuda registers): no CUDA runtime call is compiled into the adapter,
+// which therefore needs no libcudart of its own.
 #include <c10/core/Event.h>
+#include <c10/core/StreamGuard.h>
 #include <c10/cuda/CUDACachingAllocator.h>
-#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
 
@@ -57,8 +60,8 @@ bool FingerprintDeviceTensor(const at::Tensor& t, Shapes& shapes, opguard_tensor
 #if defined(OPGUARD_TORCH_CUDA)
 struct StreamAfterWork::Guard {
   c10::cuda::CUDAStream stream;
-  c10::cuda::CUDAStreamGuard current;
-  explicit Guard(c10::cuda::CUDAStream s) : stream(s), current(s) {}
+  c10::StreamGuard current;
+  explicit Guard(c10::cuda::CUDAStream s) : stream(s), current(s.unwrap()) {}
 };
 
 namespace {

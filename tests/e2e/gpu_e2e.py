@@ -37,6 +37,7 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -160,10 +161,14 @@ def check_race(report):
                report["status"] == "diverged" and first["rank"] == 1 and first["step"] in (1, 2))
 
 
-def parameters_of_the_model():
-    sys.path.insert(0, os.path.dirname(TRAIN))
-    import train_gpt  # noqa: E402  (the trained model, for its parameter count)
-    return len(list(train_gpt.TinyGPT().parameters()))
+def parameters_of_the_model(site):
+    """The trained model's parameter count, from the interpreter that trains
+    (this one may have no torch)."""
+    code = (f"import sys; sys.path.insert(0, {os.path.dirname(TRAIN)!r}); import train_gpt; "
+            "print(len(list(train_gpt.TinyGPT().parameters())))")
+    out = subprocess.run([site.python, "-c", code], capture_output=True, text=True, timeout=120,
+                         check=True)
+    return int(out.stdout.split()[-1])
 
 
 def one_rank_collectives(site, daemon, args):
@@ -180,7 +185,7 @@ def one_rank_collectives(site, daemon, args):
     rerun = daemon.cli_json("diff", f"{backend}-1", f"{backend}-1-kernels")
     rows.append(row(f"one rank on {backend}: clean rerun", "identical", rerun["status"],
                     rerun["status"] == "identical"))
-    expected = args.steps * (1 + parameters_of_the_model())
+    expected = args.steps * (1 + parameters_of_the_model(site))
     rows.append(all_completed(daemon, f"{backend}-1", f"one rank on {backend}: every collective "
                               "recorded and completed", expected))
     rows.append(all_completed(daemon, f"{backend}-1-ddp", f"one rank on {backend} under DDP: "
