@@ -74,7 +74,8 @@ class KernelsCoreTest : public ::testing::Test {
   // One op as the adapter records it: inputs fingerprinted before begin,
   // `kernels` launched between begin and end, its output fingerprinted on
   // `stream` behind them, then the record.
-  int Op(Core& core, const std::vector<const char*>& kernels, void* stream, uint64_t* key_out = nullptr) {
+  int Op(Core& core, const std::vector<const char*>& kernels, void* stream,
+         uint64_t* key_out = nullptr) {
     uint64_t key = 0;
     const bool on = core.KernelsBegin(&key) == OPGUARD_OK;
     for (const char* k : kernels) cupti_.launch(k);
@@ -107,7 +108,8 @@ class KernelsCoreTest : public ::testing::Test {
     std::vector<std::string> names;
     for (uint64_t id : r.ops.at(op).kernels) {
       auto it = r.strings.find(id);
-      names.push_back(it == r.strings.end() ? "<string " + std::to_string(id) + " never sent>" : it->second);
+      names.push_back(it == r.strings.end() ? "<string " + std::to_string(id) + " never sent>"
+                                            : it->second);
     }
     return names;
   }
@@ -152,9 +154,10 @@ TEST_F(KernelsCoreTest, OpsCarryTheirKernelsInLaunchOrderOnceTheirDeviceWorkIsDo
   ASSERT_EQ(core->Flush(5000), OPGUARD_OK);
   Received r = daemon_->Snapshot();
   ASSERT_EQ(r.ops.size(), 3u);
-  EXPECT_EQ(Names(r, 0), (std::vector<std::string>{"gemm_128x128(float const*, float const*, float*, int)",
-                                                  "relu(float*, int)",
-                                                  "gemm_128x128(float const*, float const*, float*, int)"}));
+  EXPECT_EQ(Names(r, 0),
+            (std::vector<std::string>{"gemm_128x128(float const*, float const*, float*, int)",
+                                      "relu(float*, int)",
+                                      "gemm_128x128(float const*, float const*, float*, int)"}));
   EXPECT_EQ(Names(r, 1), (std::vector<std::string>{"reduce_kernel"}));
   EXPECT_TRUE(r.ops[2].kernels.empty());
   EXPECT_NE(r.ops[0].out_lo, 0u) << "the fingerprint was filled in as well";
@@ -167,7 +170,8 @@ TEST_F(KernelsCoreTest, OpsCarryTheirKernelsInLaunchOrderOnceTheirDeviceWorkIsDo
 TEST_F(KernelsCoreTest, OpsWithHostOutputsOnlyAreNotHeldLongerThanAFlush) {
   auto core = StartCore();
   ASSERT_TRUE(core);
-  for (int i = 0; i < 50; ++i) ASSERT_EQ(Op(*core, {i % 2 == 0 ? kGemm : kRelu}, nullptr), OPGUARD_OK);
+  for (int i = 0; i < 50; ++i)
+    ASSERT_EQ(Op(*core, {i % 2 == 0 ? kGemm : kRelu}, nullptr), OPGUARD_OK);
   ASSERT_EQ(core->Flush(5000), OPGUARD_OK);
   Received r = daemon_->Snapshot();
   ASSERT_EQ(r.ops.size(), 50u);

@@ -33,7 +33,6 @@
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
-
 #include <zmq.hpp>
 
 #include "config.h"
@@ -265,8 +264,8 @@ class Core final : private FpSink {
   // ---- kernel attribution: set by Start, before the sender starts ------------
   std::unique_ptr<KernelSource> kernels_;
   std::atomic<uint64_t> next_kernels_key_{1};
-  std::vector<uint64_t> kernel_keys_scratch_;     // sender thread only
-  std::vector<uint64_t> kernels_forgetting_;      // sender thread only: discarded, done
+  std::vector<uint64_t> kernel_keys_scratch_;           // sender thread only
+  std::vector<uint64_t> kernels_forgetting_;            // sender thread only: discarded, done
   std::vector<std::string_view> kernel_names_scratch_;  // under mu_
 
   // ---- fingerprint backends --------------------------------------------------

@@ -330,7 +330,8 @@ void FenceOutputs(const std::vector<at::Tensor>& outputs, std::shared_ptr<Finger
   if (fence == nullptr) return;
   FencedOutputs fenced;
   for (const at::Tensor& t : outputs) {
-    if (t.defined() && t.has_storage()) fenced.storages.push_back(t.storage().unsafeGetStorageImpl());
+    if (t.defined() && t.has_storage())
+      fenced.storages.push_back(t.storage().unsafeGetStorageImpl());
   }
   fenced.fence = std::move(fence);
   std::lock_guard<std::mutex> lock(g_fenced_mu);
@@ -450,7 +451,8 @@ void OrderAfterOutputFingerprints(const at::RecordFunction& fn) {
   if (g_fenced_size.load(std::memory_order_relaxed) == 0) return;
   c10::SmallVector<const c10::StorageImpl*, 8> touched;
   auto add = [&touched](const at::Tensor& t) {
-    if (t.defined() && t.is_cuda() && t.has_storage()) touched.push_back(t.storage().unsafeGetStorageImpl());
+    if (t.defined() && t.is_cuda() && t.has_storage())
+      touched.push_back(t.storage().unsafeGetStorageImpl());
   };
   for (const c10::IValue& v : fn.inputs()) {
     if (v.isTensor()) add(v.toTensor());
@@ -461,9 +463,10 @@ void OrderAfterOutputFingerprints(const at::RecordFunction& fn) {
   std::lock_guard<std::mutex> lock(g_fenced_mu);
   auto passed = std::remove_if(g_fenced->begin(), g_fenced->end(), [&](const FencedOutputs& f) {
     if (f.fence->Passed()) return true;
-    const bool taken = std::any_of(f.storages.begin(), f.storages.end(), [&](const c10::StorageImpl* s) {
-      return std::find(touched.begin(), touched.end(), s) != touched.end();
-    });
+    const bool taken =
+        std::any_of(f.storages.begin(), f.storages.end(), [&](const c10::StorageImpl* s) {
+          return std::find(touched.begin(), touched.end(), s) != touched.end();
+        });
     // Once this op's stream waits for the fence, the ops after it on that
     // stream do too; other streams' ops still check.
     if (taken) f.fence->OrderCurrentStreamAfter();

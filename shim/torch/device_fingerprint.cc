@@ -120,7 +120,8 @@ StreamAfterWork::~StreamAfterWork() {
 #if defined(OPGUARD_TORCH_CUDA)
   if (guard_ == nullptr) return;
   for (const at::Tensor& t : outputs_) {
-    if (t.defined() && t.is_cuda() && t.has_storage() && t.device().index() == guard_->stream.device_index()) {
+    if (t.defined() && t.is_cuda() && t.has_storage() &&
+        t.device().index() == guard_->stream.device_index()) {
       c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), guard_->stream);
     }
   }

@@ -28,9 +28,10 @@ int main(int argc, char** argv) {
   const uint64_t pivot_output = std::strtoull(argv[4], nullptr, 0);
   const char* lib = std::getenv("OPGUARD_CUPTI_LIBRARY");
   void* cupti = lib != nullptr ? dlopen(lib, RTLD_NOW | RTLD_LOCAL) : nullptr;
-  auto launch = cupti != nullptr ? reinterpret_cast<void (*)(const char*)>(
-                                       dlsym(cupti, "opguard_standin_cupti_launch"))
-                                 : nullptr;
+  auto launch =
+      cupti != nullptr
+          ? reinterpret_cast<void (*)(const char*)>(dlsym(cupti, "opguard_standin_cupti_launch"))
+          : nullptr;
   if (launch == nullptr) {
     std::fprintf(stderr, "OPGUARD_CUPTI_LIBRARY must name the stand-in libcupti\n");
     return 2;

@@ -25,9 +25,12 @@ size_t Aligned(size_t n) { return (n + 7) & ~size_t{7}; }
 
 size_t RecordSize(CUpti_ActivityKind kind) {
   switch (kind) {
-    case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: return Aligned(sizeof(CUpti_ActivityKernel10));
-    case CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION: return Aligned(sizeof(CUpti_ActivityExternalCorrelation));
-    default: return Aligned(sizeof(CUpti_ActivityAPI));
+    case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL:
+      return Aligned(sizeof(CUpti_ActivityKernel10));
+    case CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION:
+      return Aligned(sizeof(CUpti_ActivityExternalCorrelation));
+    default:
+      return Aligned(sizeof(CUpti_ActivityAPI));
   }
 }
 
@@ -134,10 +137,12 @@ CUptiResult CUPTIAPI cuptiActivityFlushAll(uint32_t) {
   return CUPTI_SUCCESS;
 }
 
-CUptiResult CUPTIAPI cuptiActivityGetNextRecord(uint8_t* buffer, size_t valid, CUpti_Activity** record) {
+CUptiResult CUPTIAPI cuptiActivityGetNextRecord(uint8_t* buffer, size_t valid,
+                                                CUpti_Activity** record) {
   size_t offset = 0;
   if (*record != nullptr) {
-    offset = static_cast<size_t>(reinterpret_cast<uint8_t*>(*record) - buffer) + RecordSize((*record)->kind);
+    offset = static_cast<size_t>(reinterpret_cast<uint8_t*>(*record) - buffer) +
+             RecordSize((*record)->kind);
   }
   if (offset >= valid) return CUPTI_ERROR_MAX_LIMIT_REACHED;
   *record = reinterpret_cast<CUpti_Activity*>(buffer + offset);
@@ -151,16 +156,20 @@ CUptiResult CUPTIAPI cuptiActivityGetNumDroppedRecords(CUcontext, uint32_t, size
   return CUPTI_SUCCESS;
 }
 
-CUptiResult CUPTIAPI cuptiActivityPushExternalCorrelationId(CUpti_ExternalCorrelationKind kind, uint64_t id) {
-  if (kind <= CUPTI_EXTERNAL_CORRELATION_KIND_INVALID || kind >= CUPTI_EXTERNAL_CORRELATION_KIND_SIZE) {
+CUptiResult CUPTIAPI cuptiActivityPushExternalCorrelationId(CUpti_ExternalCorrelationKind kind,
+                                                            uint64_t id) {
+  if (kind <= CUPTI_EXTERNAL_CORRELATION_KIND_INVALID ||
+      kind >= CUPTI_EXTERNAL_CORRELATION_KIND_SIZE) {
     return CUPTI_ERROR_INVALID_PARAMETER;
   }
   t_stacks[kind].push_back(id);
   return CUPTI_SUCCESS;
 }
 
-CUptiResult CUPTIAPI cuptiActivityPopExternalCorrelationId(CUpti_ExternalCorrelationKind kind, uint64_t* id) {
-  if (kind <= CUPTI_EXTERNAL_CORRELATION_KIND_INVALID || kind >= CUPTI_EXTERNAL_CORRELATION_KIND_SIZE) {
+CUptiResult CUPTIAPI cuptiActivityPopExternalCorrelationId(CUpti_ExternalCorrelationKind kind,
+                                                           uint64_t* id) {
+  if (kind <= CUPTI_EXTERNAL_CORRELATION_KIND_INVALID ||
+      kind >= CUPTI_EXTERNAL_CORRELATION_KIND_SIZE) {
     return CUPTI_ERROR_INVALID_PARAMETER;
   }
   if (t_stacks[kind].empty()) return CUPTI_ERROR_QUEUE_EMPTY;

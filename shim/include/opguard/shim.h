@@ -303,9 +303,9 @@ typedef struct opguard_counters {
   uint64_t fp_refused;         /* opguard_fingerprint_host_async at the limit */
   uint64_t records_held;       /* records waiting for a fingerprint, now */
   /* API 4: kernel attribution. */
-  uint64_t kernel_names;       /* kernel names appended to op records */
+  uint64_t kernel_names;             /* kernel names appended to op records */
   uint64_t kernel_lists_unavailable; /* ops sent without their names (attribution off, shutdown) */
-  uint64_t kernel_lists_cut;   /* ops that launched more kernels than a record keeps (4096) */
+  uint64_t kernel_lists_cut;         /* ops that launched more kernels than a record keeps (4096) */
 } opguard_counters;
 
 /* Fills min(out->struct_size, sizeof) bytes; works (zeros) when disabled. */
