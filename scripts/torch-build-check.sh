@@ -73,6 +73,26 @@ FLAGS=(-std=c++20 -O2 -DNDEBUG -fPIC -Wall -Wextra -Wno-missing-field-initialize
        -isystem "$PYTHON_INCLUDE")
 for dir in "${TORCH_INCLUDES[@]}"; do FLAGS+=(-isystem "$dir"); done
 
+# The device path (device_fingerprint.cc, the NCCL collectives' device
+# fingerprints) as CMake builds it: against a torch with CUDA (libc10_cuda)
+# and the CUDA runtime's headers (CUDA_HOME, the toolkit, else the ones pip's
+# CUDA wheels bring). Debian's torch has none: the adapter then has no device path.
+LINK_CUDA=()
+if [[ -f "$TORCH_LIBDIR/libc10_cuda.so" ]]; then
+  cuda_include=""
+  for dir in "${CUDA_HOME:-/nonexistent}/include" /usr/local/cuda/include \
+             "$(dirname "$TORCH_LIBDIR")"/../nvidia/cu*/include; do
+    if [[ -f "$dir/cuda_runtime_api.h" ]]; then cuda_include="$dir"; break; fi
+  done
+  if [[ -n "$cuda_include" ]]; then
+    FLAGS+=(-DOPGUARD_TORCH_CUDA=1 -isystem "$cuda_include")
+    LINK_CUDA=(-lc10_cuda)
+    echo "   device path: on (CUDA headers in $cuda_include)"
+  else
+    echo "   device path: off (libc10_cuda.so, but no cuda_runtime_api.h: set CUDA_HOME)"
+  fi
+fi
+
 # Every source of the library (shim/torch/*.cc but the tests), $(nproc) at a time.
 start=$SECONDS
 sources=()
@@ -100,7 +120,7 @@ fi
 objects=()
 for src in "${sources[@]}"; do objects+=("$BUILD/$src.o"); done
 "$CXX" -shared -o "$BUILD/libopguard_torch.so" "${objects[@]}" \
-  -L"$TORCH_LIBDIR" -Wl,-rpath,"$TORCH_LIBDIR" -ltorch -ltorch_cpu -lc10
+  -L"$TORCH_LIBDIR" -Wl,-rpath,"$TORCH_LIBDIR" -ltorch -ltorch_cpu -lc10 "${LINK_CUDA[@]}"
 echo "   built in $((SECONDS - start)) s, $(cat "$BUILD"/*.log | grep -c 'warning:' || true) warning(s)"
 
 # Every undefined symbol but the shim's must be defined by a library the

@@ -58,7 +58,8 @@ class Counters(ctypes.Structure):  # opguard_counters
             "records_acked", "records_rejected", "batches_sent", "batches_acked",
             "batches_resent", "batches_rejected", "gaps_reported", "ops_missing", "bytes_sent",
             "buffered_bytes", "pending_batches", "fp_pending", "fp_resolved", "fp_failed",
-            "fp_refused", "records_held")]
+            "fp_refused", "records_held", "kernel_names", "kernel_lists_unavailable",
+            "kernel_lists_cut")]
 
 
 def _declare(lib, functions):

@@ -100,19 +100,6 @@ void* OpenCupti(const std::string& configured, std::string* path) {
 
 }  // namespace
 
-Result<KernelsConfig> ParseKernelsConfig(
-    const std::function<std::optional<std::string>(const char*)>& env) {
-  KernelsConfig config;
-  std::optional<std::string> value = env("OPGUARD_KERNELS");
-  if (value && *value != "0" && *value != "1") {
-    return Status(StatusCode::kInvalidArgument,
-                  "OPGUARD_KERNELS='" + *value + "' is invalid: expected 0 or 1");
-  }
-  config.enabled = value && *value == "1";
-  if (std::optional<std::string> lib = env("OPGUARD_CUPTI_LIBRARY")) config.library = *lib;
-  return config;
-}
-
 // CUPTI's C callbacks, forwarded to the active object. Never throw.
 struct BufferCallbacks {
   static void CUPTIAPI Requested(uint8_t** buffer, size_t* size, size_t* max_records) {

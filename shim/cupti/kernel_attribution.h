@@ -26,17 +26,15 @@
 
 #include <atomic>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <string>
 
 #include "kernel_ledger.h"
-#include "opguard/common/status.h"
 
 namespace opguard::shim::cupti {
 
+// From the shim's configuration (shim/src/config.h).
 struct KernelsConfig {
   bool enabled = false;  // OPGUARD_KERNELS=1
   // OPGUARD_CUPTI_LIBRARY: the libcupti to load; empty: the one already in
@@ -44,11 +42,6 @@ struct KernelsConfig {
   // path, else the CUDA toolkit's under /usr/local/cuda.
   std::string library;
 };
-
-// OPGUARD_KERNELS: unset or "0" off, "1" on; anything else is an
-// InvalidArgument whose message is the one warning line.
-Result<KernelsConfig> ParseKernelsConfig(
-    const std::function<std::optional<std::string>(const char*)>& env);
 
 struct CuptiApi;  // the libcupti entry points used (kernel_attribution.cc)
 

@@ -48,28 +48,6 @@ bool CuptiInstalled() {
 
 bool DriverPresent() { return dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL) != nullptr; }
 
-TEST(KernelsConfig, ParsesOpguardKernels) {
-  auto env = [](std::map<std::string, std::string> vars) {
-    return [vars](const char* name) -> std::optional<std::string> {
-      auto it = vars.find(name);
-      if (it == vars.end()) return std::nullopt;
-      return it->second;
-    };
-  };
-  Result<KernelsConfig> unset = ParseKernelsConfig(env({}));
-  ASSERT_TRUE(unset.ok());
-  EXPECT_FALSE(unset->enabled);
-  EXPECT_FALSE(ParseKernelsConfig(env({{"OPGUARD_KERNELS", "0"}}))->enabled);
-  Result<KernelsConfig> on =
-      ParseKernelsConfig(env({{"OPGUARD_KERNELS", "1"}, {"OPGUARD_CUPTI_LIBRARY", "/opt/libcupti.so"}}));
-  ASSERT_TRUE(on.ok());
-  EXPECT_TRUE(on->enabled);
-  EXPECT_EQ(on->library, "/opt/libcupti.so");
-  Result<KernelsConfig> bad = ParseKernelsConfig(env({{"OPGUARD_KERNELS", "yes"}}));
-  ASSERT_FALSE(bad.ok());
-  EXPECT_EQ(bad.status().message(), "OPGUARD_KERNELS='yes' is invalid: expected 0 or 1");
-}
-
 TEST_F(KernelAttributionTest, RealCuptiWithoutADriverFallsBackInOneLine) {
   if (!CuptiInstalled()) GTEST_SKIP() << "libcupti is not installed (no CUDA toolkit)";
   if (DriverPresent()) GTEST_SKIP() << "a CUDA driver is present: RealCuptiWithADriver covers this machine";

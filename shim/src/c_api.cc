@@ -387,6 +387,35 @@ OPGUARD_API int opguard_fingerprint_host_async(const void* data, uint8_t dtype,
   });
 }
 
+OPGUARD_API int opguard_kernels_begin(uint64_t* key_out) {
+  return Guard("opguard_kernels_begin", OPGUARD_ERR_DISABLED, [&] {
+    Core* core = Active();
+    if (core == nullptr) return OPGUARD_ERR_DISABLED;
+    if (key_out == nullptr) return OPGUARD_ERR_INVALID;
+    return core->KernelsBegin(key_out);
+  });
+}
+
+OPGUARD_API int opguard_kernels_end(uint64_t key) {
+  // Also after shutdown: a key pushed must be popped.
+  return Guard("opguard_kernels_end", OPGUARD_ERR_DISABLED, [&] {
+    Core* core = opguard::shim::g_core.load(std::memory_order_acquire);
+    if (core == nullptr || key == 0) return OPGUARD_ERR_INVALID;
+    core->KernelsEnd(key);
+    return OPGUARD_OK;
+  });
+}
+
+OPGUARD_API int opguard_kernels_discard(uint64_t key) {
+  return Guard("opguard_kernels_discard", OPGUARD_ERR_DISABLED, [&] {
+    Core* core = Active();
+    if (core == nullptr) return OPGUARD_ERR_DISABLED;
+    if (key == 0) return OPGUARD_ERR_INVALID;
+    core->KernelsDiscard(key);
+    return OPGUARD_OK;
+  });
+}
+
 OPGUARD_API int opguard_fingerprint_device_async(const void* data, uint8_t dtype,
                                                  const int64_t* shape, uint32_t ndim,
                                                  const int64_t* strides, int device,

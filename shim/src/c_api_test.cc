@@ -145,7 +145,7 @@ TEST_F(ApiTest, PendingFingerprintsAreSentWhenResolvedAndExitWaitsForThem) {
   bool gpu = std::filesystem::exists("/dev/nvidiactl");
   auto r = Run({"pending", gpu ? "0" : "1"}, Enabled({{"OPGUARD_BATCH_INTERVAL_MS", "60000"}}));
   ASSERT_EQ(r.status, 0) << r.err;
-  EXPECT_EQ(r.out["api"], "3");
+  EXPECT_EQ(r.out["api"], std::to_string(OPGUARD_SHIM_API_VERSION));
   EXPECT_EQ(r.out["host_rc"], "0");
   EXPECT_EQ(r.out["host_pending"], "1");
   EXPECT_EQ(r.out["record_rc"], "0");

@@ -205,6 +205,11 @@ Result<Config> ParseConfig(const EnvLookup& env, LogLevel* log_level_out) {
   uint64_t source_kb = c.max_source_bytes >> 10;
   OPGUARD_RETURN_IF_ERROR(ReadUint(env, "OPGUARD_MAX_SOURCE_KB", 0, 65536, &source_kb));
   c.max_source_bytes = static_cast<uint32_t>(source_kb << 10);
+  if (auto kernels = env("OPGUARD_KERNELS")) {
+    if (*kernels != "0" && *kernels != "1") return Bad("OPGUARD_KERNELS", *kernels, "0 or 1");
+    c.kernels = *kernels == "1";
+  }
+  if (auto lib = env("OPGUARD_CUPTI_LIBRARY")) c.cupti_library = *lib;
   c.enabled = true;
   return c;
 }

@@ -31,6 +31,8 @@ struct Config {
   uint32_t flush_timeout_ms = 5000;
   uint32_t max_source_bytes = 1024u << 10;
   uint32_t max_pending_fp = 4096;     // unresolved pending fingerprints at most
+  bool kernels = false;               // OPGUARD_KERNELS=1: record kernel names (docs/kernels.md)
+  std::string cupti_library;          // OPGUARD_CUPTI_LIBRARY: the libcupti to load; empty: search
   LogLevel log_level = LogLevel::kInfo;
 };
 

@@ -186,7 +186,9 @@ struct TuningCase {
 TEST(ShimConfig, TuningVariables) {
   const TuningCase cases[] = {
       {"OPGUARD_BATCH_RECORDS", {"1", "1000000"}, {"0", "1000001", "x", "-5", "1e3", "", " 1"}},
-      {"OPGUARD_BATCH_INTERVAL_MS", {"1", "60000"}, {"0", "60001", "abc", "99999999999999999999999"}},
+      {"OPGUARD_BATCH_INTERVAL_MS",
+       {"1", "60000"},
+       {"0", "60001", "abc", "99999999999999999999999"}},
       {"OPGUARD_BUFFER_MB", {"1", "65536"}, {"0", "65537", "1.5"}},
       {"OPGUARD_ACK_TIMEOUT_MS", {"10", "600000"}, {"9", "600001", "ten"}},
       {"OPGUARD_MAX_IN_FLIGHT", {"1", "1000"}, {"0", "1001", "-1", "8 ", "0x10", "", "many"}},
@@ -194,6 +196,7 @@ TEST(ShimConfig, TuningVariables) {
       {"OPGUARD_MAX_SOURCE_KB", {"0", "65536"}, {"65537", "big"}},
       {"OPGUARD_MAX_PENDING_FP", {"1", "1000000"}, {"0", "1000001", "lots"}},
       {"OPGUARD_LOG_LEVEL", {"debug", "info", "warn", "error", "off"}, {"loud", "INFO", ""}},
+      {"OPGUARD_KERNELS", {"0", "1"}, {"yes", "2", ""}},
   };
   for (const auto& tc : cases) {
     for (const char* v : tc.good) {
@@ -218,6 +221,14 @@ TEST(ShimConfig, TuningVariables) {
   EXPECT_EQ(c->max_source_bytes, 2048u);
   EXPECT_EQ(c->max_pending_fp, 3u);
   EXPECT_EQ(c->log_level, LogLevel::kDebug);
+  EXPECT_FALSE(c->kernels) << "kernel names are off by default";
+  auto k = Parse({{"OPGUARD", "1"},
+                  {"OPGUARD_RUN", "r"},
+                  {"OPGUARD_KERNELS", "1"},
+                  {"OPGUARD_CUPTI_LIBRARY", "/opt/cuda/libcupti.so"}});
+  ASSERT_TRUE(k.ok());
+  EXPECT_TRUE(k->kernels);
+  EXPECT_EQ(k->cupti_library, "/opt/cuda/libcupti.so");
 }
 
 TEST(ShimConfig, LogLevelIsReportedEvenWhenAnotherValueIsBad) {

@@ -143,6 +143,7 @@ Core::Core(const Config& config)
 Result<std::unique_ptr<Core>> Core::Start(const Config& config, DeviceLoader load_device) {
   std::unique_ptr<Core> core(new Core(config));
   core->load_device_ = load_device ? std::move(load_device) : DeviceLoader(LoadCudaBackend);
+  core->kernels_ = StartKernelSource(config);
   OPGUARD_RETURN_IF_ERROR(core->StartSender());
   return core;
 }
@@ -338,8 +339,10 @@ void Core::ReleaseHeldLocked() {
       if (e->state == PendingTable::State::kPending) return;
       if (e->state == PendingTable::State::kFailed && failed.empty()) failed = e->reason;
     }
+    if (failed.empty() && h.kernels_key != 0 && !h.kernels_settled) return;  // AttachKernels
     std::vector<uint8_t> bytes;
     if (!failed.empty()) {
+      if (h.kernels_key != 0 && !h.kernels_settled) DiscardKernelsLocked(h.kernels_key);
       // A fingerprint that could not be taken: the record is sent as a gap
       // for its op index (or collective sequence number), not with wrong bits.
       std::string reason = "missing fingerprint: " + std::string(failed);
@@ -396,6 +399,13 @@ void Core::FailAllPendingLocked(std::string_view reason) {
     for (const Held::Ref& ref : h.refs) handle_scratch_.push_back(ref.handle);
   }
   for (uint64_t handle : handle_scratch_) pending_.Fail(handle, reason);
+  // Ops still waiting for kernel names go without them.
+  for (Held& h : held_) {
+    if (h.kernels_key == 0 || h.kernels_settled) continue;
+    h.kernels_settled = true;
+    ++kernel_lists_unavailable_;
+    kernels_->Forget(h.kernels_key);
+  }
   ReleaseHeldLocked();
 }
 
@@ -465,16 +475,22 @@ int Core::RecordOp(const opguard_op& in, uint64_t* op_index_out) {
     }
     CheckMarkersLocked(op.outputs, op.num_outputs, &hold, &missing);
   }
+  // Its kernel names come from the sender thread once the op's GPU work is
+  // done: the record waits for them like for a pending fingerprint.
+  const bool wants_kernels = op.kernels_key != 0 && kernels_ != nullptr && kernels_->on();
+  hold = hold || wants_kernels;
   bool room = BufferedLocked() + bytes + sizeof(EntryHeader) <= config_.buffer_bytes;
   if (room && ls.gap_open) EmitGapLocked(op.lane, ls, "shim buffer full");
   if (room && !missing.empty()) {
     // A fingerprint that could not be taken: the op is missing, not wrong.
     EmitOpGapLocked(op.lane, index, index, 1, "missing fingerprint: " + missing);
+    if (wants_kernels) DiscardKernelsLocked(op.kernels_key);
     return OPGUARD_OK;
   }
   const bool to_held = hold || !held_.empty();
   uint8_t* p = room ? ReserveOrderedLocked(EntryKind::kOp, bytes, hold) : nullptr;
   if (p == nullptr) {
+    if (wants_kernels) DiscardKernelsLocked(op.kernels_key);
     ++records_dropped_;
     if (!ls.gap_open) {
       ls.gap_open = true;
@@ -488,6 +504,7 @@ int Core::RecordOp(const opguard_op& in, uint64_t* op_index_out) {
   }
   const uint8_t* entry = p - sizeof(EntryHeader);
   std::vector<Held::Ref>* refs = to_held ? &held_.back().refs : nullptr;
+  if (wants_kernels) held_.back().kernels_key = op.kernels_key;
   EntryWriter w(p);
   OpFixed f{};
   f.op_index = index;
@@ -610,9 +627,13 @@ int Core::RecordCollective(const opguard_collective& in, uint64_t* seq_out) {
 }
 
 uint64_t Core::Intern(std::string_view text) {
-  uint64_t id = StringId(text);
-  if (!accepting()) return id;
+  if (!accepting()) return StringId(text);
   std::lock_guard<std::mutex> lock(mu_);
+  return InternLocked(text);
+}
+
+uint64_t Core::InternLocked(std::string_view text) {
+  uint64_t id = StringId(text);
   if (sent_strings_.count(id) != 0) return id;
   uint8_t* p = ReserveLocked(EntryKind::kString, sizeof(StringFixed) + Pad8(text.size()), false);
   if (p == nullptr) return id;  // not marked sent: the next call retries
@@ -778,6 +799,9 @@ void Core::GetCounters(opguard_counters* out) {
     c.fp_failed = pending_.failed();
     c.fp_refused = fp_refused_;
     c.records_held = held_records_;
+    c.kernel_names = kernel_names_;
+    c.kernel_lists_unavailable = kernel_lists_unavailable_;
+    c.kernel_lists_cut = kernel_lists_cut_;
   }
   c.records_sent = records_sent_.load();
   c.records_acked = records_acked_.load();
@@ -874,6 +898,127 @@ int Core::FingerprintDeviceAsync(const opguard_device_tensor& t, bool contiguous
   }
   if (!why.empty()) (void)PendingFail(handle, why);
   return OPGUARD_OK;
+}
+
+// ---------------------------------------------------------------------------
+// Kernel attribution
+
+int Core::KernelsBegin(uint64_t* key_out) {
+  if (!accepting()) return OPGUARD_ERR_DISABLED;
+  if (kernels_ == nullptr) return OPGUARD_ERR_UNSUPPORTED;
+  uint64_t key = next_kernels_key_.fetch_add(1, std::memory_order_relaxed);
+  if (!kernels_->BeginOp(key)) return OPGUARD_ERR_UNSUPPORTED;
+  *key_out = key;
+  return OPGUARD_OK;
+}
+
+void Core::KernelsEnd(uint64_t key) {
+  if (kernels_ != nullptr) kernels_->EndOp(key);
+}
+
+void Core::KernelsDiscard(uint64_t key) {
+  if (kernels_ == nullptr) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  DiscardKernelsLocked(key);
+}
+
+void Core::DiscardKernelsLocked(uint64_t key) {
+  // CUPTI delivers the op's records later: the sender forgets the op once
+  // they are in (AttachKernels). A flood of them is let go; CUPTI's side
+  // bounds itself (KernelLedger::kMaxOpenOps).
+  if (kernels_discarded_.size() < kMaxDiscardedKernelKeys) kernels_discarded_.push_back(key);
+}
+
+void Core::AppendKernelsLocked(Held& h, const std::vector<std::string_view>& names) {
+  size_t n = names.size();
+  if (n > kMaxKernelsPerOp) {
+    n = kMaxKernelsPerOp;
+    ++kernel_lists_cut_;
+  }
+  if (n == 0) return;
+  EntryHeader header;
+  OpFixed f;
+  std::memcpy(&header, h.bytes.data(), sizeof(header));
+  std::memcpy(&f, h.bytes.data() + sizeof(header), sizeof(f));
+  // Kernels are the entry's last field: the names go after the caller's.
+  const size_t at = h.bytes.size();
+  h.bytes.resize(at + n * sizeof(uint64_t));
+  for (size_t i = 0; i < n; ++i) {
+    uint64_t id = InternLocked(names[i]);
+    std::memcpy(h.bytes.data() + at + i * sizeof(uint64_t), &id, sizeof(id));
+  }
+  header.size += static_cast<uint32_t>(n * sizeof(uint64_t));
+  f.num_kernels += static_cast<uint32_t>(n);
+  std::memcpy(h.bytes.data(), &header, sizeof(header));
+  std::memcpy(h.bytes.data() + sizeof(header), &f, sizeof(f));
+  held_bytes_ += n * sizeof(uint64_t);
+  kernel_names_ += n;
+}
+
+bool Core::AttachKernels() {
+  if (kernels_ == nullptr) return false;
+  // 1. Ops whose fingerprints all settled: their GPU work is done (a device
+  //    fingerprint resolves when an event recorded after the op completed).
+  //    Every such op, not only the head of held_: one flush then finalises
+  //    them all.
+  kernel_keys_scratch_.clear();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (Held& h : held_) {
+      if (h.kernels_key == 0 || h.gpu_done) continue;
+      bool settled = true;
+      for (const Held::Ref& ref : h.refs) {
+        settled = settled && pending_.Peek(ref.handle)->state != PendingTable::State::kPending;
+      }
+      if (!settled) continue;
+      h.gpu_done = true;
+      kernel_keys_scratch_.push_back(h.kernels_key);
+    }
+    for (uint64_t key : kernels_discarded_) kernel_keys_scratch_.push_back(key);
+    kernels_forgetting_.insert(kernels_forgetting_.end(), kernels_discarded_.begin(),
+                               kernels_discarded_.end());
+    kernels_discarded_.clear();
+  }
+  for (uint64_t key : kernel_keys_scratch_) kernels_->GpuWorkDone(key);
+  // 2. CUPTI hands over what it holds (on this thread, never the training one).
+  if (kernels_->waiting_for_flush()) kernels_->Flush();
+  const bool on = kernels_->on();
+  std::vector<std::string_view> unused;
+  for (auto it = kernels_forgetting_.begin(); it != kernels_forgetting_.end();) {
+    unused.clear();
+    if (on && kernels_->KernelsFor(*it, &unused) == KernelSource::State::kPending) {
+      ++it;
+    } else {
+      if (!on) kernels_->Forget(*it);
+      it = kernels_forgetting_.erase(it);
+    }
+  }
+  // 3. Final lists into their records, in any order; release in record order.
+  bool waiting = false;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (Held& h : held_) {
+    if (h.kernels_key == 0 || h.kernels_settled) continue;
+    if (!h.gpu_done) {
+      waiting = true;
+      continue;
+    }
+    kernel_names_scratch_.clear();
+    KernelSource::State state = kernels_->KernelsFor(h.kernels_key, &kernel_names_scratch_);
+    if (state == KernelSource::State::kPending && on) {
+      waiting = true;
+      continue;
+    }
+    if (state == KernelSource::State::kReady) {
+      AppendKernelsLocked(h, kernel_names_scratch_);
+    } else {
+      // Attribution turned off before the op's list was final: sent without.
+      if (state == KernelSource::State::kPending) kernels_->Forget(h.kernels_key);
+      ++kernel_lists_unavailable_;
+    }
+    h.kernels_settled = true;
+  }
+  ReleaseHeldLocked();
+  return waiting || !kernels_forgetting_.empty();
 }
 
 // ---------------------------------------------------------------------------
@@ -1240,6 +1385,7 @@ void Core::SenderLoop() {
     // before it, so it waits (within its deadline) until they are released;
     // a stop gives them half its time, then sends them as gaps.
     waiting_on_fps = HarvestDevice();
+    waiting_on_fps = AttachKernels() || waiting_on_fps;
     bool flush_ready = false;
     if (flush_gen > flush_gen_handled) {
       if (flush_hold_gen != flush_gen) {
@@ -1304,6 +1450,8 @@ void Core::SenderLoop() {
                                      " batch(es) were not acknowledged by the daemon at " +
                                      config_.endpoint + " before the flush deadline; they are lost");
   }
+  // CUPTI's activity kinds off and its buffers returned, on this thread.
+  if (kernels_ != nullptr) kernels_->Stop();
   std::lock_guard<std::mutex> lock(wait_mu_);
   shutdown_clean_ = clean;
 }

@@ -11,7 +11,10 @@
 //  - Flush/Shutdown wait on condition variables with a deadline;
 //  - pending fingerprints (shim.h) resolve on the host fingerprint thread or
 //    when the sender thread harvests the device backend; a record that
-//    waits for one is held, with everything ordered after it, in held_.
+//    waits for one is held, with everything ordered after it, in held_;
+//  - with OPGUARD_KERNELS=1 an op record that names its kernel attribution
+//    key is held too, until the sender thread has its kernel names
+//    (AttachKernels; docs/kernels.md).
 // The object is created once per process by the C API and never destroyed
 // while the process may still call it (see c_api.cc).
 #pragma once
@@ -30,12 +33,12 @@
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
-
 #include <zmq.hpp>
 
 #include "config.h"
 #include "encoder.h"
 #include "fp_backends.h"
+#include "kernel_source.h"
 #include "opguard/shim.h"
 #include "pending_table.h"
 #include "sender.h"
@@ -101,6 +104,14 @@ class Core final : private FpSink {
   int FingerprintDeviceAsync(const opguard_device_tensor& t, bool contiguous, void* stream,
                              uint64_t* handle_out);
 
+  // ---- kernel attribution (shim.h, API 4): recording threads, never wait -----
+  // OK and a key pushed on this thread; UNSUPPORTED when kernel names are
+  // not recorded (OPGUARD_KERNELS unset, no CUPTI, attribution turned off).
+  int KernelsBegin(uint64_t* key_out);
+  void KernelsEnd(uint64_t key);
+  // The op of `key` will not be recorded with it.
+  void KernelsDiscard(uint64_t key);
+
   // ---- waiting calls: any host thread, bounded by timeout_ms --------------
   int Flush(uint32_t timeout_ms);
   // end_of_run, flush, stop the sender. Idempotent. A sender still busy at
@@ -132,7 +143,18 @@ class Core final : private FpSink {
     std::vector<uint8_t> bytes;  // the whole entry, header included
     std::vector<Ref> refs;
     bool record = false;         // an op or collective (counts as a staged record)
+    // An op whose kernel names it waits for (0: none). gpu_done once its
+    // fingerprints settled (the device ones: an event after the op
+    // completed); kernels_settled once its names are appended, or known to
+    // be unavailable.
+    uint64_t kernels_key = 0;
+    bool gpu_done = false;
+    bool kernels_settled = false;
   };
+  // Kernel names of one op at most; beyond, the list is cut (and counted).
+  static constexpr size_t kMaxKernelsPerOp = 4096;
+  // Keys of ops not recorded, waiting to be forgotten, at most.
+  static constexpr size_t kMaxDiscardedKernelKeys = 1 << 16;
 
   explicit Core(const Config& config);
   Status StartSender();
@@ -168,6 +190,10 @@ class Core final : private FpSink {
   // Fails every unresolved handle (shutdown), releasing what waited on them.
   void FailAllPendingLocked(std::string_view reason);
   void EmitGapLocked(uint32_t lane, LaneState& ls, std::string_view reason);
+  uint64_t InternLocked(std::string_view text);
+  // Appends `names` (interned) to the held op's kernels.
+  void AppendKernelsLocked(Held& h, const std::vector<std::string_view>& names);
+  void DiscardKernelsLocked(uint64_t key);
   void CloseOpenGapsLocked();
   void CountStagedRecordLocked();
   static std::vector<uint8_t> GapEntry(uint32_t lane, uint64_t first, uint64_t last, uint64_t count,
@@ -198,6 +224,10 @@ class Core final : private FpSink {
   void ReceiveMonitorEvents(zmq::socket_t& monitor);
   // Hands landed device results to the core; true while some are in flight.
   bool HarvestDevice();
+  // Kernel names for held op records: marks the ops whose GPU work is done,
+  // flushes CUPTI when one waits, appends the final lists and releases what
+  // settled. True while some op waits for its names.
+  bool AttachKernels();
   // Held entries released up to `target` (held_pushed_ at some moment).
   bool HeldReleasedUpTo(uint64_t target);
   uint64_t HeldPushed();
@@ -228,6 +258,15 @@ class Core final : private FpSink {
   uint64_t held_pushed_ = 0, held_released_ = 0;  // entries ever held / released
   uint64_t fp_refused_ = 0;
   std::vector<uint64_t> handle_scratch_;
+  std::vector<uint64_t> kernels_discarded_;  // KernelsDiscard, for the sender
+  uint64_t kernel_names_ = 0, kernel_lists_unavailable_ = 0, kernel_lists_cut_ = 0;
+
+  // ---- kernel attribution: set by Start, before the sender starts ------------
+  std::unique_ptr<KernelSource> kernels_;
+  std::atomic<uint64_t> next_kernels_key_{1};
+  std::vector<uint64_t> kernel_keys_scratch_;           // sender thread only
+  std::vector<uint64_t> kernels_forgetting_;            // sender thread only: discarded, done
+  std::vector<std::string_view> kernel_names_scratch_;  // under mu_
 
   // ---- fingerprint backends --------------------------------------------------
   std::unique_ptr<HostFingerprinter> host_fp_;  // created with the core

@@ -189,6 +189,8 @@ void FakeDaemon::Handle(const zmq::message_t& id, const zmq::message_t& msg, std
                 op->inputs()->Get(0)->tensor()->fingerprint() != nullptr) {
               r.in_lo = op->inputs()->Get(0)->tensor()->fingerprint()->lo();
             }
+            if (op->kernels() != nullptr)
+              r.kernels.assign(op->kernels()->begin(), op->kernels()->end());
             received_.ops.push_back(r);
           }
         }

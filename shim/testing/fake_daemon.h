@@ -42,6 +42,7 @@ struct ReceivedOp {
   uint64_t out_hi = 0;
   bool out_has_stats = false;
   uint64_t in_lo = 0;   // first input's tensor fingerprint, low half (0 none)
+  std::vector<uint64_t> kernels;  // string ids of kernel names
 };
 
 struct ReceivedCollective {

@@ -15,6 +15,7 @@
 
 #include "adapter_state.h"
 #include "collective_kinds.h"
+#include "device_fingerprint.h"
 #include "opguard/shim.h"
 #include "python_frames.h"
 #include "tensor_fingerprint.h"
@@ -313,6 +314,32 @@ std::atomic<size_t> g_natives_size{0};
 std::vector<std::shared_ptr<NativeCollective>>* g_unfutured =
     new std::vector<std::shared_ptr<NativeCollective>>();
 
+// Device collectives whose outputs' fingerprints may still be pending on
+// OpGuard's stream: their outputs' storages and the fence behind the
+// fingerprints. Bounded (a fence is dropped once passed, or after enough
+// newer ones: a program that never runs another op leaves nothing to order).
+struct FencedOutputs {
+  c10::SmallVector<const c10::StorageImpl*, 4> storages;
+  std::shared_ptr<FingerprintFence> fence;
+};
+std::mutex g_fenced_mu;
+std::vector<FencedOutputs>* g_fenced = new std::vector<FencedOutputs>();
+std::atomic<size_t> g_fenced_size{0};
+
+void FenceOutputs(const std::vector<at::Tensor>& outputs, std::shared_ptr<FingerprintFence> fence) {
+  if (fence == nullptr) return;
+  FencedOutputs fenced;
+  for (const at::Tensor& t : outputs) {
+    if (t.defined() && t.has_storage())
+      fenced.storages.push_back(t.storage().unsafeGetStorageImpl());
+  }
+  fenced.fence = std::move(fence);
+  std::lock_guard<std::mutex> lock(g_fenced_mu);
+  if (g_fenced->size() >= 4096) g_fenced->erase(g_fenced->begin());
+  g_fenced->push_back(std::move(fenced));
+  g_fenced_size.store(g_fenced->size(), std::memory_order_relaxed);
+}
+
 // Takes the Completed record of a collective whose work's future has
 // completed, once, on whichever thread gets there first; a second thread
 // waits until the first is done.
@@ -326,8 +353,13 @@ void RecordNativeCompleted(NativeCollective& native) {
       }
     }
     if ((native.future && native.future->hasError()) || !Recording()) return;
+    // Device outputs (NCCL's, gloo's on CUDA tensors): fingerprinted on a
+    // stream ordered after the work; the future is complete as soon as the
+    // work is enqueued, its events say when its kernels are done.
+    StreamAfterWork after_work(native.future.get(), native.outputs);
     OpContext ctx;
     if (!FingerprintAll(native.outputs, ctx, ThisThread())) return;
+    if (after_work.active()) FenceOutputs(native.outputs, after_work.Fence());
     // The issuing lane and position of the Entered record, not this thread's.
     opguard_record_collective(&CompletedRecord(native.entered, ctx), nullptr);
   } catch (const std::exception& e) {
@@ -413,6 +445,35 @@ void RecordCompletedNatives() {
     g_natives_size.store(kept, std::memory_order_relaxed);
   }
   for (const auto& native : completed) RecordNativeCompleted(*native);
+}
+
+void OrderAfterOutputFingerprints(const at::RecordFunction& fn) {
+  if (g_fenced_size.load(std::memory_order_relaxed) == 0) return;
+  c10::SmallVector<const c10::StorageImpl*, 8> touched;
+  auto add = [&touched](const at::Tensor& t) {
+    if (t.defined() && t.is_cuda() && t.has_storage())
+      touched.push_back(t.storage().unsafeGetStorageImpl());
+  };
+  for (const c10::IValue& v : fn.inputs()) {
+    if (v.isTensor()) add(v.toTensor());
+    if (v.isTensorList()) {
+      for (const c10::IValue& t : v.toListRef()) add(t.toTensor());
+    }
+  }
+  std::lock_guard<std::mutex> lock(g_fenced_mu);
+  auto passed = std::remove_if(g_fenced->begin(), g_fenced->end(), [&](const FencedOutputs& f) {
+    if (f.fence->Passed()) return true;
+    const bool taken =
+        std::any_of(f.storages.begin(), f.storages.end(), [&](const c10::StorageImpl* s) {
+          return std::find(touched.begin(), touched.end(), s) != touched.end();
+        });
+    // Once this op's stream waits for the fence, the ops after it on that
+    // stream do too; other streams' ops still check.
+    if (taken) f.fence->OrderCurrentStreamAfter();
+    return false;
+  });
+  g_fenced->erase(passed, g_fenced->end());
+  g_fenced_size.store(g_fenced->size(), std::memory_order_relaxed);
 }
 
 // At the c10d op's end: its outputs hold the work; its future's callback

@@ -31,6 +31,13 @@ void NativeCollectiveEnd(const at::RecordFunction& fn, OpContext& ctx);
 // whose work has completed. One load when none is pending.
 void RecordCompletedNatives();
 
+// Before any op starts, after RecordCompletedNatives: an op that takes a
+// device collective's output while OpGuard's fingerprints of it may still be
+// pending on OpGuard's stream waits for them, on the device (its stream is
+// ordered after the collective, not after OpGuard's stream). One load when
+// none is pending.
+void OrderAfterOutputFingerprints(const at::RecordFunction& fn);
+
 // At the end of a functional collective's wait (_c10d_functional::
 // wait_tensor), on the waiting thread: the Completed records of collectives
 // that have completed, those whose work has no future (gloo's

@@ -5,6 +5,12 @@
 #include "torch_compat.h"
 
 #if defined(OPGUARD_TORCH_CUDA)
+// Device-generic guard and event (through the CUDA guard implementation
+// libc10_cuda registers): no CUDA runtime call is compiled into the adapter,
+// which therefore needs no libcudart of its own.
+#include <c10/core/Event.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
 
@@ -48,6 +54,78 @@ bool FingerprintDeviceTensor(const at::Tensor& t, Shapes& shapes, opguard_tensor
   }
   out->shape = nullptr;  // the record points at `shapes` once complete
   return true;
+#endif
+}
+
+#if defined(OPGUARD_TORCH_CUDA)
+struct StreamAfterWork::Guard {
+  c10::cuda::CUDAStream stream;
+  c10::StreamGuard current;
+  explicit Guard(c10::cuda::CUDAStream s) : stream(s), current(s.unwrap()) {}
+};
+
+namespace {
+
+class CudaFence final : public FingerprintFence {
+ public:
+  explicit CudaFence(const c10::cuda::CUDAStream& stream)
+      : device_(stream.device_index()), event_(c10::DeviceType::CUDA) {
+    event_.record(stream);
+  }
+  bool Passed() const override { return event_.query(); }
+  void OrderCurrentStreamAfter() const override {
+    event_.block(c10::cuda::getCurrentCUDAStream(device_));
+  }
+
+ private:
+  c10::DeviceIndex device_;
+  c10::Event event_;
+};
+
+}  // namespace
+#endif
+
+StreamAfterWork::StreamAfterWork(c10::ivalue::Future* completed_future,
+                                 const std::vector<at::Tensor>& outputs)
+    : outputs_(outputs) {
+#if !defined(OPGUARD_TORCH_CUDA)
+  (void)completed_future;
+#else
+  if (completed_future == nullptr || !completed_future->completed()) return;
+  c10::DeviceIndex device = -1;
+  for (const at::Tensor& t : outputs) {
+    if (t.defined() && t.is_cuda()) {
+      device = t.device().index();
+      break;
+    }
+  }
+  if (device < 0) return;
+  guard_ = new Guard(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device));
+  // Completed: wait() does not block the host; it makes the current streams
+  // (ours, just set) wait for the work's events, and records the work's
+  // result storages as used on them.
+  completed_future->wait();
+  active_ = true;
+#endif
+}
+
+std::shared_ptr<FingerprintFence> StreamAfterWork::Fence() {
+#if defined(OPGUARD_TORCH_CUDA)
+  if (guard_ != nullptr) return std::make_shared<CudaFence>(guard_->stream);
+#endif
+  return nullptr;
+}
+
+StreamAfterWork::~StreamAfterWork() {
+#if defined(OPGUARD_TORCH_CUDA)
+  if (guard_ == nullptr) return;
+  for (const at::Tensor& t : outputs_) {
+    if (t.defined() && t.is_cuda() && t.has_storage() &&
+        t.device().index() == guard_->stream.device_index()) {
+      c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), guard_->stream);
+    }
+  }
+  delete guard_;
 #endif
 }
 

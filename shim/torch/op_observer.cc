@@ -409,6 +409,23 @@ bool IsInPlace(const char* name) {
   return n > 1 && name[n - 1] == '_' && name[n - 2] != '_';
 }
 
+// Kernel names (OPGUARD_KERNELS=1, docs/kernels.md): the kernels launched
+// between the op's inputs being fingerprinted and its outputs being
+// fingerprinted are the op's, so the fingerprint kernels are nobody's.
+void BeginKernels(OpContext& ctx) {
+  uint64_t key = 0;
+  if (opguard_kernels_begin(&key) == OPGUARD_OK) ctx.kernels_key = key;
+}
+
+void EndKernels(const OpContext* ctx) {
+  if (ctx != nullptr && ctx->kernels_key != 0) opguard_kernels_end(ctx->kernels_key);
+}
+
+// The op is not recorded (a gap, or nothing): its kernels are nobody's.
+void DiscardKernels(const OpContext* ctx) {
+  if (ctx != nullptr && ctx->kernels_key != 0) opguard_kernels_discard(ctx->kernels_key);
+}
+
 std::unique_ptr<at::ObserverContext> OnFunctionStart(const at::RecordFunction& fn, ThreadState& ts) {
   if (IsEngineWrapper(fn)) return nullptr;
   if (IsAutogradFunction(fn)) return AutogradFunctionStart(ts);
@@ -502,6 +519,7 @@ std::unique_ptr<at::ObserverContext> OnFunctionStart(const at::RecordFunction& f
       ctx->nested_calls_at_start = ts.nested_calls;
     }
   }
+  BeginKernels(*ctx);
   return ctx;
 }
 
@@ -520,6 +538,7 @@ void OnFunctionEnd(const at::RecordFunction& fn, OpContext* ctx, ThreadState& ts
   }
   if (ctx != nullptr && ctx->transparent) --ts.subclass_dispatches;
   if (IsEngineWrapper(fn) || (ctx != nullptr && ctx->transparent)) return;
+  EndKernels(ctx);
   --ts.depth;
   if (ctx == nullptr && IsFunctionalCollective(fn.name())) {
     // Until its wait returns, a functional collective's output is being
@@ -541,10 +560,14 @@ void OnFunctionEnd(const at::RecordFunction& fn, OpContext* ctx, ThreadState& ts
     NativeCollectiveEnd(fn, *ctx);
     return;
   }
-  if (ctx == nullptr || !Recording()) return;
+  if (ctx == nullptr || !Recording()) {
+    DiscardKernels(ctx);
+    return;
+  }
   uint32_t lane = LaneOf(ts);
   if (ctx->in_subclass_dispatch) MarkUnversionedWrites(fn, *ctx, ts);
   if (ctx->unfingerprintable || !CollectOutputs(fn, *ctx, ts)) {
+    DiscardKernels(ctx);
     if (ComputesNothing(fn)) return;  // not an op, nor a gap
     opguard_report_gap(lane, 1, "tensor without host bytes (device, sparse or quantized)", nullptr);
     return;
@@ -572,6 +595,7 @@ void OnFunctionEnd(const at::RecordFunction& fn, OpContext* ctx, ThreadState& ts
   op.outputs = ctx->outputs.data();
   op.start_ns = ctx->start_ns;
   op.duration_ns = NowNs() - ctx->start_ns;
+  op.kernels_key = ctx->kernels_key;
   opguard_record_op(&op, nullptr);
 }
 
@@ -579,6 +603,7 @@ std::unique_ptr<at::ObserverContext> OnStart(const at::RecordFunction& fn) {
   ThreadState& ts = ThisThread();
   try {
     RecordCompletedNatives();
+    if (fn.scope() == at::RecordScope::FUNCTION) OrderAfterOutputFingerprints(fn);
     switch (fn.scope()) {
       case at::RecordScope::FUNCTION:
         return OnFunctionStart(fn, ts);

@@ -83,6 +83,7 @@ class OpContext final : public at::ObserverContext {
   int64_t seq_nr = -1;
   int64_t seq_begin = -1;
   uint64_t start_ns = 0;
+  uint64_t kernels_key = 0;  // opguard_kernels_begin's, while kernel names are recorded
 
   Shapes shapes;
   // Input values; a tensor value's shape, or a tensor list's first tensor in

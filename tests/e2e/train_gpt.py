@@ -21,12 +21,19 @@ training code, never in OpGuard. RANK selects the one rank that misbehaves:
                              on RANK before the forward of STEP (corrupted
                              parameter memory: its gradients reach the other
                              ranks through the all-reduce)
+  --fault race:RANK:STEP     (--device cuda) a stream race: before the forward
+                             of STEP, RANK scales the output-layer weight on a
+                             side stream that first sleeps, with no
+                             synchronisation with the stream the forward
+                             reads it on (the write lands during or after
+                             the forward, at a time no two runs agree on)
 
 Launch: torchrun --nproc_per_node 4 train_gpt.py --steps 3, or
         python3 train_gpt.py --spawn 4 --steps 3 (torch.multiprocessing.spawn).
 --device cuda trains on the GPU (every rank on cuda:LOCAL_RANK modulo the
 device count, so several ranks may share one GPU; gloo moves CUDA tensors):
 the same ops, data and faults as on the CPU (scripts/gpu-check.sh).
+--backend nccl: the process group is NCCL's (CUDA; one GPU holds one rank).
 """
 import argparse
 import contextlib
@@ -166,6 +173,16 @@ def opguard_paused():
     return opguard.paused()
 
 
+def unsynchronised_write(weight, device):
+    """A write on a side stream that does not wait for the current stream
+    and that the current stream does not wait for: the bug class of a
+    missing wait_stream/record_stream."""
+    side = torch.cuda.Stream(device)
+    with torch.cuda.stream(side), torch.no_grad():
+        torch.cuda._sleep(20_000_000)  # ~10 ms of GPU time: the forward goes ahead
+        weight.mul_(1.0 + 2.0 ** -10)
+
+
 def parse_fault(text):
     parts = text.split(":") if text else [""]
     kind = parts[0]
@@ -208,6 +225,8 @@ def train(rank, world, args):
             started_thread_cpu = time.thread_time()
             if kind == "wflip" and rank == fault_rank and step == fault_step:
                 flip_bit_in_memory(core.head.weight, index=7, bit=22)
+            if kind == "race" and rank == fault_rank and step == fault_step:
+                unsynchronised_write(core.head.weight, device)
             # Rank 0 decides the step's learning-rate scale for everyone.
             root = rank if kind == "desync" and rank == fault_rank and step == fault_step else 0
             dist.broadcast(lr_scale, src=root)
@@ -263,7 +282,9 @@ def run_rank(rank, world, args):
     os.environ.setdefault("RANK", str(rank))
     os.environ.setdefault("LOCAL_RANK", str(rank))
     os.environ.setdefault("WORLD_SIZE", str(world))
-    dist.init_process_group("gloo", rank=rank, world_size=world,
+    if args.backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
+    dist.init_process_group(args.backend, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=args.timeout))
     try:
         if args.hash_every_output:
@@ -294,6 +315,8 @@ def main():
                              "averaging gradients with dist.all_reduce")
     parser.add_argument("--timeout", type=int, default=60,
                         help="seconds a collective may wait for the other ranks")
+    parser.add_argument("--backend", default="gloo", choices=("gloo", "nccl"),
+                        help="the process group's backend (nccl: with --device cuda)")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                         help="train on the CPU (the tests) or the GPU (scripts/gpu-check.sh)")
     parser.add_argument("--spawn", type=int, default=0,

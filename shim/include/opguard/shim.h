@@ -54,8 +54,10 @@ extern "C" {
  * 2: opguard_fingerprint_host_sums, opguard_fingerprint_reshape.
  * 3: pending fingerprints (OPGUARD_TENSOR_PENDING, opguard_pending_*,
  *    opguard_fingerprint_host_async, opguard_fingerprint_device_async) and
- *    the fp_* counters. */
-#define OPGUARD_SHIM_API_VERSION 3
+ *    the fp_* counters.
+ * 4: kernel attribution (opguard_kernels_*, opguard_op.kernels_key, the
+ *    kernel_* counters). */
+#define OPGUARD_SHIM_API_VERSION 4
 
 /* ---- return codes ------------------------------------------------------ */
 #define OPGUARD_OK 0
@@ -202,6 +204,11 @@ typedef struct opguard_op {
    * shown as context in reports; 0 none. Added after duration_ns: callers
    * built against an older shim.h (smaller struct_size) send 0. */
   uint64_t forward_site;
+  /* API 4: the key opguard_kernels_begin gave for this op (0 none). The
+   * shim appends the names of the kernels launched between begin and end
+   * to `kernels`, in launch order, once the op's device work has completed
+   * (the record is held until then, like one with a pending fingerprint). */
+  uint64_t kernels_key;
 } opguard_op;
 
 /* Copies the record (all pointed-to data) into the buffer and returns.
@@ -295,6 +302,10 @@ typedef struct opguard_counters {
   uint64_t fp_failed;          /* failed (no device, capture, error, limit, shutdown) */
   uint64_t fp_refused;         /* opguard_fingerprint_host_async at the limit */
   uint64_t records_held;       /* records waiting for a fingerprint, now */
+  /* API 4: kernel attribution. */
+  uint64_t kernel_names;             /* kernel names appended to op records */
+  uint64_t kernel_lists_unavailable; /* ops sent without their names (attribution off, shutdown) */
+  uint64_t kernel_lists_cut;         /* ops that launched more kernels than a record keeps (4096) */
 } opguard_counters;
 
 /* Fills min(out->struct_size, sizeof) bytes; works (zeros) when disabled. */
@@ -414,6 +425,27 @@ OPGUARD_API int opguard_fingerprint_device_async(const void* data, uint8_t dtype
                                                  const int64_t* shape, uint32_t ndim,
                                                  const int64_t* strides, int device,
                                                  void* stream, opguard_tensor* out);
+
+/* ---- kernel attribution (API 4) ---------------------------------------------
+ * With OPGUARD_KERNELS=1 each op record can carry the names of the device
+ * kernels the op launched, in launch order (docs/kernels.md), from CUPTI.
+ * Around the op, on the thread that runs it:
+ *     uint64_t key = 0;
+ *     int on = opguard_kernels_begin(&key) == OPGUARD_OK;
+ *     ... the op launches its kernels ...
+ *     if (on) opguard_kernels_end(key);
+ *     op.kernels_key = key; opguard_record_op(&op, NULL);   (or discard)
+ * Begin after the op's inputs were fingerprinted and end before its outputs
+ * are: kernels launched in between are the op's (nested begins: the
+ * innermost). begin returns OPGUARD_ERR_UNSUPPORTED (no key; do not call
+ * end) when kernel names are not recorded: OPGUARD_KERNELS unset, no CUPTI,
+ * no CUDA driver (logged once), or attribution turned off after a failure.
+ * Neither call waits. */
+OPGUARD_API int opguard_kernels_begin(uint64_t* key_out);
+OPGUARD_API int opguard_kernels_end(uint64_t key);
+/* The op of `key` is not recorded with it (the caller reports a gap or
+ * nothing): the shim forgets its kernels once CUPTI delivered them. */
+OPGUARD_API int opguard_kernels_discard(uint64_t key);
 
 #ifdef __cplusplus
 }  /* extern "C" */
