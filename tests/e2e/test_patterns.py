@@ -105,6 +105,15 @@ class TrainingPatterns(harness.DaemonTestCase):
         self.assertEqual({e["rank"]: e["from_rank"] for e in report["explained"]}, {0: 1})
         return first
 
+    def test_bit_flip_in_one_ranks_tensor_parallel_weight_shard(self):
+        """DTensor tensor parallelism: rank 1's local shard of the first
+        block's column-parallel weight is read first by the MLP's call (the
+        local ops DTensor runs are the ops, at the user's line); rank 0
+        diverges at the row-parallel all-reduce of the partial sums."""
+        first = self.assert_shard_flip_named("dtensor_tp", harness.TRAIN,
+                                             "return x + self.mlp(self.ln2(x))")
+        self.assertFalse(first["op"].startswith("c10d::"), first["op"])
+
     def test_bit_flip_in_one_ranks_fsdp2_parameter_shard(self):
         """FSDP2: rank 1's shard of the embedding (a root parameter) is read
         first when FSDP2 copies it into the all-gather's input before the

@@ -8,8 +8,8 @@ Launch: python3 train_patterns.py PATTERN [FAULT] (torch.multiprocessing.spawn);
 python3 train_patterns.py --missing names the patterns this torch cannot train.
 FAULT: shardflip:RANK:STEP flips one bit in memory on RANK at STEP (no op
 does it): for functional, of the gradient shard before the shards are
-all-gathered; for fsdp2, of the embedding's parameter shard before the
-forward.
+all-gathered; for dtensor_tp, of the column-parallel weight's local shard
+and for fsdp2, of the embedding's parameter shard, each before the forward.
 """
 import datetime
 import io
@@ -42,6 +42,8 @@ PATTERNS = {
     "functional": "gradients averaged with functional collectives (reduce-scatter, all-gather, "
                   "all-reduce: what FSDP2 and DTensor issue)",
     "fsdp2": "FSDP2: fully_shard on each block and on the model",
+    "dtensor_tp": "DTensor tensor parallelism: each block's MLP column- then row-parallel "
+                  "on a 2-rank mesh, both ranks on the same batch",
 }
 DDP = ("ddp_buckets", "ddp_unused", "ddp_static_graph", "ddp_no_sync", "ddp_python_hook")
 
@@ -69,6 +71,8 @@ def missing_features():
     needs["checkpoint_reentrant"] = needs["checkpoint"]
     needs["fsdp2"] = (_importable("torch.distributed.fsdp", "fully_shard"),
                       "torch.distributed.fsdp.fully_shard")
+    needs["dtensor_tp"] = (_importable("torch.distributed.tensor.parallel", "ColwiseParallel"),
+                           "torch.distributed.tensor.parallel")
     return {pattern: f"this torch ({torch.__version__}) has no {what}"
             for pattern, (present, what) in needs.items() if not present}
 
@@ -109,6 +113,18 @@ def functional_average(params, world, flip):
         offset += p.numel()
 
 
+def tensor_parallel(core, world):
+    """Each block's MLP on a 1-D mesh of every rank: its first Linear
+    column-parallel (weight rows sharded), its second row-parallel (the
+    partial sums all-reduced), as DTensors."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+    mesh = init_device_mesh("cpu", (world,))
+    for block in core.blocks:
+        parallelize_module(block.mlp, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+
+
 def fully_sharded(core, world):
     """FSDP2: every block, then the model, sharded over a 1-D mesh: the
     parameters are all-gathered before each forward and backward, the
@@ -122,10 +138,12 @@ def fully_sharded(core, world):
 
 
 def wrap(core, pattern, world):
-    """The model the step runs: DDP for the DDP patterns, FSDP2's modules for
-    fsdp2, else `core` (its gradients averaged with dist.all_reduce after
-    backward)."""
-    if pattern == "fsdp2":
+    """The model the step runs: DDP for the DDP patterns, DTensor or FSDP2
+    modules for theirs, else `core` (its gradients averaged with
+    dist.all_reduce after backward)."""
+    if pattern == "dtensor_tp":
+        tensor_parallel(core, world)
+    elif pattern == "fsdp2":
         fully_sharded(core, world)
     if pattern not in DDP:
         return core
@@ -193,15 +211,17 @@ def run(rank, world, pattern, fault):
     if pattern.startswith("checkpoint") and pattern != "checkpoint_save":
         checkpointed(core, reentrant=pattern == "checkpoint_reentrant")
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
-    gen = torch.Generator().manual_seed(100 + rank)
+    # Tensor-parallel ranks work on the same batch; others each on their own.
+    gen = torch.Generator().manual_seed(100 + (0 if pattern == "dtensor_tp" else rank))
     batches = None
     if pattern == "dataloader":
         batches = iter(torch.utils.data.DataLoader(Tokens(rank), batch_size=4, num_workers=2))
     for step in range(3):
         idx = next(batches) if batches else torch.randint(0, 64, (4, 16), generator=gen)
         target = torch.roll(idx, -1, dims=1)
-        if fault == f"shardflip:{rank}:{step}" and pattern == "fsdp2":
-            flip_bit_in_memory(core.tok.weight.to_local(), index=3, bit=22)
+        if fault == f"shardflip:{rank}:{step}" and pattern in ("dtensor_tp", "fsdp2"):
+            shard = core.blocks[0].mlp[0].weight if pattern == "dtensor_tp" else core.tok.weight
+            flip_bit_in_memory(shard.to_local(), index=3, bit=22)
         if pattern == "ddp_no_sync" and step == 0:
             with model.no_sync():
                 F.cross_entropy(model(idx).view(-1, 64), target.view(-1)).backward()
@@ -217,7 +237,7 @@ def run(rank, world, pattern, fault):
         if pattern == "functional":
             functional_average(list(model.parameters()), world,
                                flip=fault == f"shardflip:{rank}:{step}")
-        elif pattern not in DDP + ("fsdp2",):
+        elif pattern not in DDP + ("dtensor_tp", "fsdp2"):
             for p in model.parameters():
                 dist.all_reduce(p.grad)
                 p.grad /= world

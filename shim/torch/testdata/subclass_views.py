@@ -1,0 +1,40 @@
+"""Run by adapter_test (shim/torch/adapter_test.cc) under OPGUARD=1: views
+made inside a tensor subclass's __torch_dispatch__ (the local ops DTensor
+runs: aten::t of a weight or an activation in every Linear). There the op
+runs below autograd, so the view does not share its base's version counter:
+each one starts a counter of its own at 0, whatever was written to the
+storage before. Between two such views of the same bytes the base is written
+(as autograd accumulates a gradient in place): the second view's op must
+carry the bytes written, as the contiguous copy after it hashes them, never
+the first view's fingerprint."""
+import opguard
+import torch
+from torch.utils._pytree import tree_map
+
+
+class Wrapper(torch.Tensor):
+    """A wrapper subclass holding a plain tensor, as DTensor does."""
+
+    @staticmethod
+    def __new__(cls, elem):
+        r = torch.Tensor._make_wrapper_subclass(cls, elem.size(), strides=elem.stride(),
+                                                dtype=elem.dtype, device=elem.device)
+        r.elem = elem
+        return r
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        def unwrap(e):
+            return e.elem if isinstance(e, Wrapper) else e
+        return func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs or {}))
+
+
+assert opguard.enable(), "recording did not start"
+base = torch.arange(32.0).view(8, 4)
+wrapped = Wrapper(base)
+for _ in range(3):
+    wrapped.t()                     # a view of base, made (and hashed) inside the dispatch
+    base.add_(1)                    # base written outside it: its counter moves, the view's not
+    view = wrapped.t()              # a second view (returned unwrapped): the same bytes, layout
+                                    # and counter value
+    view.contiguous()               # its bytes, hashed afresh
