@@ -4,9 +4,12 @@ under OPGUARD=1, a clean job must record identical runs: anything that
 changes from run to run (threads, arrival order, memory) is OpGuard's to
 keep out of the comparison.
 
-Launch: python3 train_patterns.py PATTERN [FAULT] (torch.multiprocessing.spawn);
+Launch: python3 train_patterns.py PATTERN[,PATTERN...] [FAULT]
+(torch.multiprocessing.spawn): each pattern in turn, a fresh model each, in
+one process group; rank 0 prints "PATTERN step N loss L" lines.
 python3 train_patterns.py --missing names the patterns this torch cannot train.
-FAULT: shardflip:RANK:STEP flips one bit in memory on RANK at STEP (no op
+FAULT: shardflip:RANK:STEP flips one bit in memory on RANK at STEP of each
+pattern (no op
 does it): for functional, of the gradient shard before the shards are
 all-gathered; for dtensor_tp, of the column-parallel weight's local shard
 and for fsdp2, of the embedding's parameter shard, each before the forward.
@@ -202,12 +205,30 @@ class Tokens(torch.utils.data.Dataset):
         return self.data[i]
 
 
-def run(rank, world, pattern, fault):
+# The models trained, kept until the process group is destroyed: a DDP
+# model's reducer, freed while the group lives on, can hang as at exit (see
+# _communicated).
+_models = []
+
+
+def run(rank, world, patterns, fault):
+    """Trains each of `patterns` in turn in one process group (a job per
+    pattern costs a torch import and a rendezvous per rank: most of the time
+    of a 3-step job)."""
     dist.init_process_group("gloo", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=60))
+    for pattern in patterns:
+        train(rank, world, pattern, fault)
+        dist.barrier()
+    dist.barrier()  # gloo's threads take the GIL while this rank waits (see _communicated)
+    dist.destroy_process_group()
+
+
+def train(rank, world, pattern, fault):
     torch.manual_seed(1234)
     core = TinyGPT(d_model=32)
     model = wrap(core, pattern, world)
+    _models.append(model)
     if pattern.startswith("checkpoint") and pattern != "checkpoint_save":
         checkpointed(core, reentrant=pattern == "checkpoint_reentrant")
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
@@ -268,9 +289,7 @@ def run(rank, world, pattern, fault):
             import torch.distributed._functional_collectives as funcol
             loss = funcol.all_reduce(loss.detach(), "sum", dist.group.WORLD) / world
         if rank == 0:
-            print(f"step {step} loss {loss.item():.6f}", flush=True)
-    dist.barrier()  # gloo's threads take the GIL while this rank waits (see _communicated)
-    dist.destroy_process_group()
+            print(f"{pattern} step {step} loss {loss.item():.6f}", flush=True)
 
 
 if __name__ == "__main__":
@@ -278,6 +297,7 @@ if __name__ == "__main__":
         import json
         print(json.dumps(missing_features()))
         sys.exit(0)
-    if len(sys.argv) not in (2, 3) or sys.argv[1] not in PATTERNS:
-        sys.exit(f"usage: train_patterns.py PATTERN [FAULT] ({', '.join(PATTERNS)})")
-    spawn_ranks(run, 2, sys.argv[1], sys.argv[2] if len(sys.argv) == 3 else "")
+    chosen = sys.argv[1].split(",") if len(sys.argv) in (2, 3) else []
+    if not chosen or any(p not in PATTERNS for p in chosen):
+        sys.exit(f"usage: train_patterns.py PATTERN[,PATTERN...] [FAULT] ({', '.join(PATTERNS)})")
+    spawn_ranks(run, 2, chosen, sys.argv[2] if len(sys.argv) == 3 else "")
