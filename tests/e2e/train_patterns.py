@@ -11,8 +11,10 @@ python3 train_patterns.py --missing names the patterns this torch cannot train.
 FAULT: shardflip:RANK:STEP flips one bit in memory on RANK at STEP of each
 pattern (no op
 does it): for functional, of the gradient shard before the shards are
-all-gathered; for dtensor_tp, of the column-parallel weight's local shard
-and for fsdp2, of the embedding's parameter shard, each before the forward.
+all-gathered; for dtensor_tp, of the column-parallel weight's local shard,
+for fsdp2, of the embedding's parameter shard, for checkpoint, autocast and
+pipeline, of the weight of the MLP's first Linear of the first block (of
+the second, stage 1's, for pipeline), each before the forward.
 """
 import datetime
 import io
@@ -47,6 +49,8 @@ PATTERNS = {
     "fsdp2": "FSDP2: fully_shard on each block and on the model",
     "dtensor_tp": "DTensor tensor parallelism: each block's MLP column- then row-parallel "
                   "on a 2-rank mesh, both ranks on the same batch",
+    "pipeline": "two pipeline stages (a block each) with plain send/recv of the activations "
+                "and their gradient",
 }
 DDP = ("ddp_buckets", "ddp_unused", "ddp_static_graph", "ddp_no_sync", "ddp_python_hook")
 
@@ -126,6 +130,33 @@ def tensor_parallel(core, world):
     mesh = init_device_mesh("cpu", (world,))
     for block in core.blocks:
         parallelize_module(block.mlp, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+
+
+def pipeline_step(core, rank, idx, target):
+    """Two pipeline stages on two ranks, with plain send/recv: rank 0 runs
+    the embeddings and the first block and sends the activations; rank 1
+    receives them, runs the second block, the head and the loss, and sends
+    back the activations' gradient for rank 0's backward. Returns the loss,
+    on both ranks."""
+    shape = (idx.shape[0], idx.shape[1], core.tok.embedding_dim)
+    if rank == 0:
+        x = core.blocks[0](core.tok(idx) + core.pos(torch.arange(idx.shape[1])))
+        dist.send(x.detach(), dst=1)
+        grad = torch.empty(shape)
+        dist.recv(grad, src=1)
+        x.backward(grad)
+        loss = torch.zeros(())
+    else:
+        x = torch.empty(shape)
+        dist.recv(x, src=0)
+        x.requires_grad_()
+        logits = core.head(core.ln(core.blocks[1](x)))
+        loss = F.cross_entropy(logits.view(-1, 64), target.view(-1))
+        loss.backward()
+        dist.send(x.grad, dst=0)
+        loss = loss.detach()
+    dist.broadcast(loss, src=1)
+    return loss
 
 
 def fully_sharded(core, world):
@@ -232,8 +263,10 @@ def train(rank, world, pattern, fault):
     if pattern.startswith("checkpoint") and pattern != "checkpoint_save":
         checkpointed(core, reentrant=pattern == "checkpoint_reentrant")
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
-    # Tensor-parallel ranks work on the same batch; others each on their own.
-    gen = torch.Generator().manual_seed(100 + (0 if pattern == "dtensor_tp" else rank))
+    # Tensor-parallel ranks and pipeline stages work on the same batch; others
+    # each on their own.
+    same_batch = pattern in ("dtensor_tp", "pipeline")
+    gen = torch.Generator().manual_seed(100 + (0 if same_batch else rank))
     batches = None
     if pattern == "dataloader":
         batches = iter(torch.utils.data.DataLoader(Tokens(rank), batch_size=4, num_workers=2))
@@ -243,14 +276,21 @@ def train(rank, world, pattern, fault):
         if fault == f"shardflip:{rank}:{step}" and pattern in ("dtensor_tp", "fsdp2"):
             shard = core.blocks[0].mlp[0].weight if pattern == "dtensor_tp" else core.tok.weight
             flip_bit_in_memory(shard.to_local(), index=3, bit=22)
+        if fault == f"shardflip:{rank}:{step}" and pattern in ("checkpoint", "autocast", "pipeline"):
+            block = core.blocks[1 if pattern == "pipeline" else 0]
+            flip_bit_in_memory(block.mlp[0].weight, index=3, bit=22)
         if pattern == "ddp_no_sync" and step == 0:
             with model.no_sync():
                 F.cross_entropy(model(idx).view(-1, 64), target.view(-1)).backward()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=pattern == "autocast"):
-            logits = model(idx)
-        loss = F.cross_entropy(logits.float().view(-1, 64), target.view(-1))
-        opt.zero_grad()
-        loss.backward()
+        if pattern == "pipeline":
+            opt.zero_grad()
+            loss = pipeline_step(core, rank, idx, target)
+        else:
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=pattern == "autocast"):
+                logits = model(idx)
+            loss = F.cross_entropy(logits.float().view(-1, 64), target.view(-1))
+            opt.zero_grad()
+            loss.backward()
         if pattern == "grad_penalty":
             emb = core.tok(idx)
             grad, = torch.autograd.grad(emb.pow(2).sum(), emb, create_graph=True)
@@ -258,7 +298,7 @@ def train(rank, world, pattern, fault):
         if pattern == "functional":
             functional_average(list(model.parameters()), world,
                                flip=fault == f"shardflip:{rank}:{step}")
-        elif pattern not in DDP + ("dtensor_tp", "fsdp2"):
+        elif pattern not in DDP + ("dtensor_tp", "fsdp2", "pipeline"):
             for p in model.parameters():
                 dist.all_reduce(p.grad)
                 p.grad /= world
