@@ -252,21 +252,27 @@ TEST_F(AdapterTest, WritesInsideASubclassDispatchAreHashedAsWritten) {
 TEST_F(AdapterTest, ViewsMadeInsideASubclassDispatchShowLaterWrites) {
   ASSERT_TRUE(Record("subclass_views.py"));
 
-  const auto ops = Lane0Ops(*ingest_);
+  auto ops = Lane0Ops(*ingest_);
+  // torch 1.13 returns the dispatch's result through an aten::alias.
+  std::erase_if(ops, [](const auto& op) { return op.second == "aten::alias"; });
   size_t views = 0;
   for (size_t i = 0; i + 1 < ops.size(); ++i) {
     if (ops[i].second != "aten::t" || ops[i + 1].second != "aten::add_") continue;
-    // aten::t (hashed), aten::add_, aten::t (the view checked), then the copy:
-    // aten::contiguous or, where it is not recorded, the aten::clone it runs.
-    ASSERT_LT(i + 3, ops.size());
+    // aten::t (hashed), aten::add_, aten::t (the view checked), then the
+    // same view outside the dispatch and its copy: aten::contiguous or, where
+    // it is not recorded, the aten::clone it runs.
+    ASSERT_LT(i + 4, ops.size());
     ASSERT_EQ(ops[i + 2].second, "aten::t");
-    ASSERT_TRUE(ops[i + 3].second == "aten::contiguous" || ops[i + 3].second == "aten::clone")
-        << ops[i + 3].second;
+    ASSERT_EQ(ops[i + 3].second, "aten::t");
+    ASSERT_TRUE(ops[i + 4].second == "aten::contiguous" || ops[i + 4].second == "aten::clone")
+        << ops[i + 4].second;
     ++views;
     EXPECT_NE(ops[i].first.out_lo, ops[i + 2].first.out_lo) << "view " << views;
-    EXPECT_EQ(ops[i + 2].first.out_lo, ops[i + 3].first.out_lo) << "view " << views;
+    EXPECT_EQ(ops[i + 2].first.out_lo, ops[i + 4].first.out_lo) << "view " << views;
   }
-  EXPECT_EQ(views, 3u) << log_;
+  std::string names;
+  for (const auto& op : ops) names += op.second + " ";
+  EXPECT_EQ(views, 3u) << names << log_;
 }
 
 // Ops on tensors without data (the meta device, FakeTensorMode) compute

@@ -15,8 +15,7 @@ assert opguard.enable(), "recording did not start"
 base = torch.arange(32.0).view(8, 4)
 wrapped = Wrapper(base)
 for _ in range(3):
-    wrapped.t()                     # a view of base, made (and hashed) inside the dispatch
-    base.add_(1)                    # base written outside it: its counter moves, the view's not
-    view = wrapped.t()              # a second view (returned unwrapped): the same bytes, layout
-                                    # and counter value
-    view.contiguous()               # its bytes, hashed afresh
+    wrapped.t()          # a view of base, made (and hashed) inside the dispatch
+    base.add_(1)         # base written outside it: its counter moves, the view's not
+    wrapped.t()          # a second view: the same bytes, layout and counter value
+    base.t().contiguous()  # the same view's bytes, hashed afresh
