@@ -182,20 +182,31 @@ bool CollectOutput(const at::Tensor& t, OpContext& ctx, ThreadState& ts) {
 }
 
 // An op run inside a tensor subclass's __torch_dispatch__ (AsyncCollectiveTensor,
-// DTensor) runs below autograd: its writes do not bump the version counter
-// (the outer call bumps the outer tensor's after the op has returned, a
-// wrapper's inner tensor's never), so the cache would give its output the
-// fingerprint the target had before the write. Its written storages (an
-// in-place op's first argument, an out= argument it returns) are marked
-// written before the outputs are fingerprinted.
-void MarkUnversionedWrites(const at::RecordFunction& fn, const OpContext& ctx, ThreadState& ts) {
+// DTensor) runs below autograd:
+//  - its writes do not bump the version counter (the outer call bumps the
+//    outer tensor's after the op has returned, a wrapper's inner tensor's
+//    never), so the cache would give its output the fingerprint the target
+//    had before the write. Its written storages (an in-place op's first
+//    argument, an out= argument it returns) are marked written;
+//  - a view it returns (aten::t of a weight, in every Linear) gets a version
+//    counter of its own, at 0 whatever was written to the storage before: a
+//    later view of the same bytes and layout, made after the base was
+//    written, would match the first one's entry. Its storage is no longer
+//    fingerprinted through the cache (ThreadState::unversioned_views).
+// Both before the outputs are fingerprinted.
+void MarkUnversionedMemory(const at::RecordFunction& fn, const OpContext& ctx, ThreadState& ts) {
   for (const c10::StorageImpl* storage : ctx.unversioned_writes) ts.cache.StorageWritten(storage);
   for (const c10::IValue& v : fn.outputs()) {
     if (!v.isTensor() || !v.toTensor().defined() || !v.toTensor().has_storage()) continue;
     const at::Tensor& t = v.toTensor();
+    const c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
     if (std::find(ctx.input_impls.begin(), ctx.input_impls.end(), t.unsafeGetTensorImpl()) !=
         ctx.input_impls.end()) {
-      ts.cache.StorageWritten(t.storage().unsafeGetStorageImpl());
+      ts.cache.StorageWritten(storage);
+    } else if (std::find(ctx.input_storages.begin(), ctx.input_storages.end(), storage) !=
+               ctx.input_storages.end()) {
+      // Emptied when full: entries taken while a storage was in it go too.
+      if (ts.unversioned_views.Add(t)) ts.cache.Clear();
     }
   }
 }
@@ -486,6 +497,11 @@ std::unique_ptr<at::ObserverContext> OnFunctionStart(const at::RecordFunction& f
   CollectInputs(fn, *ctx, ts);
   if (ts.subclass_dispatches > 0) {
     ctx->in_subclass_dispatch = true;
+    for (const c10::IValue& v : fn.inputs()) {
+      if (v.isTensor() && v.toTensor().defined() && v.toTensor().has_storage()) {
+        ctx->input_storages.push_back(v.toTensor().storage().unsafeGetStorageImpl());
+      }
+    }
     if (IsInPlace(fn.name()) && !fn.inputs().empty()) {
       auto written = [&ctx](const at::Tensor& t) {
         if (t.defined() && t.has_storage()) {
@@ -565,7 +581,7 @@ void OnFunctionEnd(const at::RecordFunction& fn, OpContext* ctx, ThreadState& ts
     return;
   }
   uint32_t lane = LaneOf(ts);
-  if (ctx->in_subclass_dispatch) MarkUnversionedWrites(fn, *ctx, ts);
+  if (ctx->in_subclass_dispatch) MarkUnversionedMemory(fn, *ctx, ts);
   if (ctx->unfingerprintable || !CollectOutputs(fn, *ctx, ts)) {
     DiscardKernels(ctx);
     if (ComputesNothing(fn)) return;  // not an op, nor a gap

@@ -98,6 +98,7 @@ class OpContext final : public at::ObserverContext {
   // argument's), marked written in the cache at its end.
   bool in_subclass_dispatch = false;
   c10::SmallVector<const c10::StorageImpl*, 2> unversioned_writes;
+  c10::SmallVector<const c10::StorageImpl*, 4> input_storages;  // in_subclass_dispatch: to tell views
 
   void AddTensorInput(const opguard_value& value, Shapes::At shape) {
     inputs.push_back(value);

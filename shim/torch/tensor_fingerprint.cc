@@ -123,8 +123,10 @@ bool FingerprintTensor(const at::Tensor& t, ThreadState& ts, Shapes& shapes, opg
   // Memory an op handed out uninitialised (aten::empty) is often filled
   // without an op or a version bump (torch.LongTensor([n]) writes it in C++):
   // its fingerprint is never cached, so a later read hashes what is there
-  // rather than the garbage seen at allocation.
-  const bool cacheable = data != nullptr && !ts.uninitialised.Contains(t);
+  // rather than the garbage seen at allocation. Nor is that of a storage with
+  // views whose version counters are their own (ThreadState::unversioned_views).
+  const bool cacheable =
+      data != nullptr && !ts.uninitialised.Contains(t) && !ts.unversioned_views.Contains(t);
   if (cacheable && cached) {
     const auto* hit = ts.cache.Find(key, storage);
     if (hit != nullptr && hit->pending && hit->layout_hash != layout_hash) hit = nullptr;

@@ -1,6 +1,7 @@
 // What the adapter remembers about tensor memory on each thread: the
-// fingerprints it already took (FingerprintCache), the storages that hold
-// memory nobody has written yet (UninitialisedStorages), and, across threads,
+// fingerprints it already took (FingerprintCache), sets of storages
+// (StorageSet: those holding memory nobody has written yet, those with views
+// whose version counters are their own), and, across threads,
 // the storages completed collectives wrote behind torch's back
 // (CollectiveWrites). Used by tensor_fingerprint.cc; owned by ThreadState.
 #pragma once
@@ -110,21 +111,20 @@ class FingerprintCache {
   uint64_t generation_ = 0;
 };
 
-// Storages holding freshly allocated, not yet written memory (outputs of
-// aten::empty and friends), per thread. Their bytes differ from run to run by
-// definition, and so do views of them (the detach/view an nn.Parameter makes
-// of torch.empty before init.normal_ writes it). A storage leaves the set when
-// an op writes a tensor it was given (in-place or out=: the output is one of
-// the op's input tensors). The weak reference keeps a reused address from
-// matching a new allocation.
-class UninitialisedStorages {
+// A set of storages, per thread. A storage found in the set is the one it
+// was added as: the weak reference keeps a reused address from matching a
+// new allocation. Bounded: a full set is emptied (Add says so).
+class StorageSet {
  public:
-  void Add(const at::Tensor& t) {
-    if (!t.defined() || !t.has_storage()) return;
-    if (map_.size() >= 4096) Clear();
+  // True when the set was full and emptied before `t` was added.
+  bool Add(const at::Tensor& t) {
+    if (!t.defined() || !t.has_storage()) return false;
+    const bool emptied = map_.size() >= 4096;
+    if (emptied) Clear();
     const c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
     map_.insert_or_assign(storage, t.storage().getWeakStorageImpl());
     filter_[FilterBit(storage) / 64] |= uint64_t{1} << (FilterBit(storage) % 64);
+    return emptied;
   }
   // Most outputs are fresh storages: a bit filter in front of the map
   // answers them without a hash lookup. A storage found in the map is the
@@ -175,7 +175,7 @@ class CollectiveWrites {
   // than the ring behind) and takes the storages out of `uninitialised` (a
   // buffer torch.empty made for a broadcast to fill holds data now); moves
   // `seen` to the end.
-  void Apply(uint64_t& seen, FingerprintCache& cache, UninitialisedStorages& uninitialised) {
+  void Apply(uint64_t& seen, FingerprintCache& cache, StorageSet& uninitialised) {
     std::lock_guard<std::mutex> lock(mu_);
     const uint64_t count = count_.load(std::memory_order_relaxed);
     if (count - seen > kKept) {

@@ -76,7 +76,19 @@ struct ThreadState {
   uint64_t cache_step = 0;  // the step `cache` holds entries of
   FingerprintCache cache;
   uint64_t collective_writes_seen = 0;  // g_collective_writes applied to `cache`
-  UninitialisedStorages uninitialised;
+  // Storages holding freshly allocated, not yet written memory (outputs of
+  // aten::empty and friends). Their bytes differ from run to run by
+  // definition, and so do views of them (the detach/view an nn.Parameter
+  // makes of torch.empty before init.normal_ writes it). A storage leaves the
+  // set when an op writes a tensor it was given (in-place or out=: the output
+  // is one of the op's input tensors).
+  StorageSet uninitialised;
+  // Storages with views made inside a tensor subclass's __torch_dispatch__
+  // (DTensor's local aten::t, view, ...): made below autograd, such a view
+  // has a version counter of its own, starting at 0 whatever was written to
+  // the storage before, so no tensor of the storage is fingerprinted through
+  // the cache (op_observer.cc: MarkUnversionedMemory).
+  StorageSet unversioned_views;
   std::vector<uint8_t> gather;  // strided tensors in logical order (GatherLogical)
 };
 

@@ -4,12 +4,17 @@ under OPGUARD=1, a clean job must record identical runs: anything that
 changes from run to run (threads, arrival order, memory) is OpGuard's to
 keep out of the comparison.
 
-Launch: python3 train_patterns.py PATTERN [FAULT] (torch.multiprocessing.spawn);
+Launch: python3 train_patterns.py PATTERN[,PATTERN...] [FAULT]
+(torch.multiprocessing.spawn): each pattern in turn, a fresh model each, in
+one process group; rank 0 prints "PATTERN step N loss L" lines.
 python3 train_patterns.py --missing names the patterns this torch cannot train.
-FAULT: shardflip:RANK:STEP flips one bit in memory on RANK at STEP (no op
+FAULT: shardflip:RANK:STEP flips one bit in memory on RANK at STEP of each
+pattern (no op
 does it): for functional, of the gradient shard before the shards are
-all-gathered; for fsdp2, of the embedding's parameter shard before the
-forward.
+all-gathered; for dtensor_tp, of the column-parallel weight's local shard,
+for fsdp2, of the embedding's parameter shard, for checkpoint, autocast and
+pipeline, of the weight of the MLP's first Linear of the first block (of
+the second, stage 1's, for pipeline), each before the forward.
 """
 import datetime
 import io
@@ -42,6 +47,10 @@ PATTERNS = {
     "functional": "gradients averaged with functional collectives (reduce-scatter, all-gather, "
                   "all-reduce: what FSDP2 and DTensor issue)",
     "fsdp2": "FSDP2: fully_shard on each block and on the model",
+    "dtensor_tp": "DTensor tensor parallelism: each block's MLP column- then row-parallel "
+                  "on a 2-rank mesh, both ranks on the same batch",
+    "pipeline": "two pipeline stages (a block each) with plain send/recv of the activations "
+                "and their gradient",
 }
 DDP = ("ddp_buckets", "ddp_unused", "ddp_static_graph", "ddp_no_sync", "ddp_python_hook")
 
@@ -69,6 +78,8 @@ def missing_features():
     needs["checkpoint_reentrant"] = needs["checkpoint"]
     needs["fsdp2"] = (_importable("torch.distributed.fsdp", "fully_shard"),
                       "torch.distributed.fsdp.fully_shard")
+    needs["dtensor_tp"] = (_importable("torch.distributed.tensor.parallel", "ColwiseParallel"),
+                           "torch.distributed.tensor.parallel")
     return {pattern: f"this torch ({torch.__version__}) has no {what}"
             for pattern, (present, what) in needs.items() if not present}
 
@@ -109,6 +120,45 @@ def functional_average(params, world, flip):
         offset += p.numel()
 
 
+def tensor_parallel(core, world):
+    """Each block's MLP on a 1-D mesh of every rank: its first Linear
+    column-parallel (weight rows sharded), its second row-parallel (the
+    partial sums all-reduced), as DTensors."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+    mesh = init_device_mesh("cpu", (world,))
+    for block in core.blocks:
+        parallelize_module(block.mlp, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+
+
+def pipeline_step(core, rank, idx, target):
+    """Two pipeline stages on two ranks, with plain send/recv: rank 0 runs
+    the embeddings and the first block and sends the activations; rank 1
+    receives them, runs the second block, the head and the loss, and sends
+    back the activations' gradient for rank 0's backward. Returns the loss,
+    on both ranks."""
+    shape = (idx.shape[0], idx.shape[1], core.tok.embedding_dim)
+    if rank == 0:
+        x = core.blocks[0](core.tok(idx) + core.pos(torch.arange(idx.shape[1])))
+        dist.send(x.detach(), dst=1)
+        grad = torch.empty(shape)
+        dist.recv(grad, src=1)
+        x.backward(grad)
+        loss = torch.zeros(())
+    else:
+        x = torch.empty(shape)
+        dist.recv(x, src=0)
+        x.requires_grad_()
+        logits = core.head(core.ln(core.blocks[1](x)))
+        loss = F.cross_entropy(logits.view(-1, 64), target.view(-1))
+        loss.backward()
+        dist.send(x.grad, dst=0)
+        loss = loss.detach()
+    dist.broadcast(loss, src=1)
+    return loss
+
+
 def fully_sharded(core, world):
     """FSDP2: every block, then the model, sharded over a 1-D mesh: the
     parameters are all-gathered before each forward and backward, the
@@ -122,10 +172,12 @@ def fully_sharded(core, world):
 
 
 def wrap(core, pattern, world):
-    """The model the step runs: DDP for the DDP patterns, FSDP2's modules for
-    fsdp2, else `core` (its gradients averaged with dist.all_reduce after
-    backward)."""
-    if pattern == "fsdp2":
+    """The model the step runs: DDP for the DDP patterns, DTensor or FSDP2
+    modules for theirs, else `core` (its gradients averaged with
+    dist.all_reduce after backward)."""
+    if pattern == "dtensor_tp":
+        tensor_parallel(core, world)
+    elif pattern == "fsdp2":
         fully_sharded(core, world)
     if pattern not in DDP:
         return core
@@ -184,32 +236,61 @@ class Tokens(torch.utils.data.Dataset):
         return self.data[i]
 
 
-def run(rank, world, pattern, fault):
+# The models trained, kept until the process group is destroyed: a DDP
+# model's reducer, freed while the group lives on, can hang as at exit (see
+# _communicated).
+_models = []
+
+
+def run(rank, world, patterns, fault):
+    """Trains each of `patterns` in turn in one process group (a job per
+    pattern costs a torch import and a rendezvous per rank: most of the time
+    of a 3-step job)."""
     dist.init_process_group("gloo", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=60))
+    for pattern in patterns:
+        train(rank, world, pattern, fault)
+        dist.barrier()
+    dist.barrier()  # gloo's threads take the GIL while this rank waits (see _communicated)
+    dist.destroy_process_group()
+
+
+def train(rank, world, pattern, fault):
     torch.manual_seed(1234)
     core = TinyGPT(d_model=32)
     model = wrap(core, pattern, world)
+    _models.append(model)
     if pattern.startswith("checkpoint") and pattern != "checkpoint_save":
         checkpointed(core, reentrant=pattern == "checkpoint_reentrant")
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
-    gen = torch.Generator().manual_seed(100 + rank)
+    # Tensor-parallel ranks and pipeline stages work on the same batch; others
+    # each on their own.
+    same_batch = pattern in ("dtensor_tp", "pipeline")
+    gen = torch.Generator().manual_seed(100 + (0 if same_batch else rank))
     batches = None
     if pattern == "dataloader":
         batches = iter(torch.utils.data.DataLoader(Tokens(rank), batch_size=4, num_workers=2))
     for step in range(3):
         idx = next(batches) if batches else torch.randint(0, 64, (4, 16), generator=gen)
         target = torch.roll(idx, -1, dims=1)
-        if fault == f"shardflip:{rank}:{step}" and pattern == "fsdp2":
-            flip_bit_in_memory(core.tok.weight.to_local(), index=3, bit=22)
+        if fault == f"shardflip:{rank}:{step}" and pattern in ("dtensor_tp", "fsdp2"):
+            shard = core.blocks[0].mlp[0].weight if pattern == "dtensor_tp" else core.tok.weight
+            flip_bit_in_memory(shard.to_local(), index=3, bit=22)
+        if fault == f"shardflip:{rank}:{step}" and pattern in ("checkpoint", "autocast", "pipeline"):
+            block = core.blocks[1 if pattern == "pipeline" else 0]
+            flip_bit_in_memory(block.mlp[0].weight, index=3, bit=22)
         if pattern == "ddp_no_sync" and step == 0:
             with model.no_sync():
                 F.cross_entropy(model(idx).view(-1, 64), target.view(-1)).backward()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=pattern == "autocast"):
-            logits = model(idx)
-        loss = F.cross_entropy(logits.float().view(-1, 64), target.view(-1))
-        opt.zero_grad()
-        loss.backward()
+        if pattern == "pipeline":
+            opt.zero_grad()
+            loss = pipeline_step(core, rank, idx, target)
+        else:
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=pattern == "autocast"):
+                logits = model(idx)
+            loss = F.cross_entropy(logits.float().view(-1, 64), target.view(-1))
+            opt.zero_grad()
+            loss.backward()
         if pattern == "grad_penalty":
             emb = core.tok(idx)
             grad, = torch.autograd.grad(emb.pow(2).sum(), emb, create_graph=True)
@@ -217,7 +298,7 @@ def run(rank, world, pattern, fault):
         if pattern == "functional":
             functional_average(list(model.parameters()), world,
                                flip=fault == f"shardflip:{rank}:{step}")
-        elif pattern not in DDP + ("fsdp2",):
+        elif pattern not in DDP + ("dtensor_tp", "fsdp2", "pipeline"):
             for p in model.parameters():
                 dist.all_reduce(p.grad)
                 p.grad /= world
@@ -248,9 +329,7 @@ def run(rank, world, pattern, fault):
             import torch.distributed._functional_collectives as funcol
             loss = funcol.all_reduce(loss.detach(), "sum", dist.group.WORLD) / world
         if rank == 0:
-            print(f"step {step} loss {loss.item():.6f}", flush=True)
-    dist.barrier()  # gloo's threads take the GIL while this rank waits (see _communicated)
-    dist.destroy_process_group()
+            print(f"{pattern} step {step} loss {loss.item():.6f}", flush=True)
 
 
 if __name__ == "__main__":
@@ -258,6 +337,7 @@ if __name__ == "__main__":
         import json
         print(json.dumps(missing_features()))
         sys.exit(0)
-    if len(sys.argv) not in (2, 3) or sys.argv[1] not in PATTERNS:
-        sys.exit(f"usage: train_patterns.py PATTERN [FAULT] ({', '.join(PATTERNS)})")
-    spawn_ranks(run, 2, sys.argv[1], sys.argv[2] if len(sys.argv) == 3 else "")
+    chosen = sys.argv[1].split(",") if len(sys.argv) in (2, 3) else []
+    if not chosen or any(p not in PATTERNS for p in chosen):
+        sys.exit(f"usage: train_patterns.py PATTERN[,PATTERN...] [FAULT] ({', '.join(PATTERNS)})")
+    spawn_ranks(run, 2, chosen, sys.argv[2] if len(sys.argv) == 3 else "")

@@ -8,25 +8,7 @@ carry the bytes the clone sees, never the fingerprint its target had before
 the write."""
 import opguard
 import torch
-from torch.utils._pytree import tree_map
-
-
-class Wrapper(torch.Tensor):
-    """A wrapper subclass holding a plain tensor, as AsyncCollectiveTensor does."""
-
-    @staticmethod
-    def __new__(cls, elem):
-        r = torch.Tensor._make_wrapper_subclass(cls, elem.size(), strides=elem.stride(),
-                                                dtype=elem.dtype, device=elem.device)
-        r.elem = elem
-        return r
-
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        def unwrap(e):
-            return e.elem if isinstance(e, Wrapper) else e
-        return func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs or {}))
-
+from wrapper_subclass import Wrapper
 
 assert opguard.enable(), "recording did not start"
 src = torch.arange(16.0)
