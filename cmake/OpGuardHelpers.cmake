@@ -1,10 +1,13 @@
-# opguard_add_test(NAME LABEL <unit|integration|e2e|browser> SOURCES ... LIBS ...)
+# opguard_add_test(NAME LABEL <unit|integration|e2e|browser> [TSAN] SOURCES ... LIBS ...)
 # A GoogleTest binary registered with ctest, one ctest entry per test case.
 # Unit-test binaries also join opguard_unit_tests, the target that builds
 # everything `ctest -L unit` runs (scripts/test.sh's sanitizer pass).
+# TSAN: the test exercises threads and is in the ThreadSanitizer pass of
+# scripts/test.sh (label tsan, target opguard_tsan_tests).
 add_custom_target(opguard_unit_tests)
+add_custom_target(opguard_tsan_tests)
 function(opguard_add_test name)
-  cmake_parse_arguments(T "" "LABEL;TIMEOUT" "SOURCES;LIBS" ${ARGN})
+  cmake_parse_arguments(T "TSAN" "LABEL;TIMEOUT" "SOURCES;LIBS" ${ARGN})
   if(NOT T_LABEL)
     set(T_LABEL unit)
   endif()
@@ -16,7 +19,12 @@ function(opguard_add_test name)
   if(T_LABEL STREQUAL "unit")
     add_dependencies(opguard_unit_tests ${name})
   endif()
+  set(_labels ${T_LABEL})
+  if(T_TSAN)
+    list(APPEND _labels tsan)
+    add_dependencies(opguard_tsan_tests ${name})
+  endif()
   gtest_discover_tests(${name}
-    PROPERTIES LABELS ${T_LABEL} TIMEOUT ${T_TIMEOUT}
+    PROPERTIES LABELS "${_labels}" TIMEOUT ${T_TIMEOUT}
     DISCOVERY_TIMEOUT 60)
 endfunction()
