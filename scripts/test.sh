@@ -8,7 +8,10 @@
 #   scripts/test.sh                 # everything
 #   scripts/test.sh -L unit         # extra arguments go to the main ctest run
 # OPGUARD_TEST_ASAN=0 leaves out the AddressSanitizer pass (build in
-# $OPGUARD_ASAN_BUILD_DIR, default <repo>/build-asan).
+# $OPGUARD_ASAN_BUILD_DIR, default <repo>/build-asan); OPGUARD_TEST_TSAN=0 the
+# ThreadSanitizer pass over the threaded tests (label tsan, build in
+# $OPGUARD_TSAN_BUILD_DIR, default <repo>/build-tsan); OPGUARD_TEST_FUZZ=0 the
+# bounded libFuzzer run (scripts/fuzz.sh, build in <repo>/build-fuzz).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${OPGUARD_BUILD_DIR:-$ROOT/build}"
@@ -50,5 +53,22 @@ if [[ "${OPGUARD_TEST_ASAN:-1}" != 0 ]]; then
     "$ROOT/scripts/sanitize.sh" address -L '^unit$' --no-tests=error \
     --output-junit "$ASAN_BUILD/ctest-asan.xml" "${JUNIT_ARGS[@]}" || rc=1
   "${CHECK[@]}" --build "$ASAN_BUILD" --junit "$ASAN_BUILD/ctest-asan.xml" --labels unit || rc=1
+fi
+
+if [[ "${OPGUARD_TEST_TSAN:-1}" != 0 ]]; then
+  # The threaded parts (the shim's sender and pending-fingerprint worker;
+  # the daemon's ingest, commit, query, aligner and HTTP threads in process,
+  # through the fuzz corpora's replays): only their targets are built.
+  TSAN_BUILD="${OPGUARD_TSAN_BUILD_DIR:-$ROOT/build-tsan}"
+  OPGUARD_BUILD_DIR="$TSAN_BUILD" OPGUARD_SANITIZE_TARGET=opguard_tsan_tests \
+    "$ROOT/scripts/sanitize.sh" thread -L '^tsan$' --no-tests=error \
+    --output-junit "$TSAN_BUILD/ctest-tsan.xml" "${JUNIT_ARGS[@]}" || rc=1
+  "${CHECK[@]}" --build "$TSAN_BUILD" --junit "$TSAN_BUILD/ctest-tsan.xml" --labels tsan || rc=1
+fi
+
+if [[ "${OPGUARD_TEST_FUZZ:-1}" != 0 ]]; then
+  # Each harness for a bounded number of inputs from its committed corpus
+  # (clang, ASan + UBSan; docs/testing.md).
+  "$ROOT/scripts/fuzz.sh" || rc=1
 fi
 exit "$rc"
