@@ -13,5 +13,5 @@ ARTIFACTS="${OPGUARD_FUZZ_ARTIFACTS:-$PWD}/"
 mkdir -p "$ARTIFACTS"
 # -seed: the same inputs each CI run; OPGUARD_FUZZ_SEED=0 for a random one.
 exec "$FUZZER" "$SCRATCH" "$CORPUS" -runs="$RUNS" -seed="${OPGUARD_FUZZ_SEED:-1}" \
-  -max_len=65536 -timeout=30 -rss_limit_mb=4096 -print_final_stats=1 \
+  -max_len=65536 -timeout=120 -rss_limit_mb=4096 -print_final_stats=1 \
   -artifact_prefix="$ARTIFACTS" "$@"
