@@ -19,12 +19,16 @@ function(opguard_add_test name)
   if(T_LABEL STREQUAL "unit")
     add_dependencies(opguard_unit_tests ${name})
   endif()
-  set(_labels ${T_LABEL})
   if(T_TSAN)
-    list(APPEND _labels tsan)
     add_dependencies(opguard_tsan_tests ${name})
+    # In the ThreadSanitizer build, also the whole binary as one entry
+    # labelled tsan (gtest_discover_tests takes one label per test).
+    if(OPGUARD_SANITIZE STREQUAL "thread")
+      add_test(NAME ${name}_tsan COMMAND ${name})
+      set_tests_properties(${name}_tsan PROPERTIES LABELS tsan TIMEOUT ${T_TIMEOUT})
+    endif()
   endif()
   gtest_discover_tests(${name}
-    PROPERTIES LABELS "${_labels}" TIMEOUT ${T_TIMEOUT}
+    PROPERTIES LABELS ${T_LABEL} TIMEOUT ${T_TIMEOUT}
     DISCOVERY_TIMEOUT 60)
 endfunction()
