@@ -19,6 +19,7 @@ PACKAGES=(
   xxhash                                    # xxhsum: `opguard fingerprint` benchmark baseline
   nlohmann-json3-dev                        # JSON reports and HTTP answers
   libgtest-dev libgmock-dev libbenchmark-dev
+  clang libclang-rt-14-dev                  # libFuzzer harnesses (scripts/fuzz.sh): clang 14 and its fuzzer runtime
   python3 python3-dev python3-torch libtorch-dev   # PyTorch adapter and end-to-end tests
   python3-venv                              # venvs with torch from PyPI (scripts/torch-venv.sh)
   procps psmisc                             # pgrep/kill in integration tests

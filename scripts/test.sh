@@ -8,7 +8,10 @@
 #   scripts/test.sh                 # everything
 #   scripts/test.sh -L unit         # extra arguments go to the main ctest run
 # OPGUARD_TEST_ASAN=0 leaves out the AddressSanitizer pass (build in
-# $OPGUARD_ASAN_BUILD_DIR, default <repo>/build-asan).
+# $OPGUARD_ASAN_BUILD_DIR, default <repo>/build-asan); OPGUARD_TEST_TSAN=0 the
+# ThreadSanitizer pass over the threaded tests (label tsan, build in
+# $OPGUARD_TSAN_BUILD_DIR, default <repo>/build-tsan); OPGUARD_TEST_FUZZ=0 the
+# bounded libFuzzer run (scripts/fuzz.sh, build in <repo>/build-fuzz).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${OPGUARD_BUILD_DIR:-$ROOT/build}"
@@ -42,13 +45,30 @@ ctest --output-on-failure -j "$JOBS" --timeout 600 --no-tests=error \
   --labels "unit,integration,e2e,package,browser${TORCH_VERSIONS:+,e2e-torch2}" || rc=1
 [[ $rc == 0 ]] || exit "$rc"
 
+# One sanitizer pass: builds only TARGET in BUILD and runs the tests of LABEL.
+sanitizer_pass() {
+  local san="$1" build="$2" target="$3" label="$4" xml="$2/ctest-$1.xml"
+  OPGUARD_BUILD_DIR="$build" OPGUARD_SANITIZE_TARGET="$target" \
+    "$ROOT/scripts/sanitize.sh" "$san" -L "^$label\$" --no-tests=error \
+    --output-junit "$xml" "${JUNIT_ARGS[@]}" || rc=1
+  "${CHECK[@]}" --build "$build" --junit "$xml" --labels "$label" || rc=1
+}
+
+# The unit tests only (no PyTorch adapter, no CUDA), Debug with ASan: the
+# integration suites run under all three sanitizers in scripts/sanitize.sh.
 if [[ "${OPGUARD_TEST_ASAN:-1}" != 0 ]]; then
-  # The unit tests only (no PyTorch adapter, no CUDA), Debug with ASan: the
-  # integration suites run under all three sanitizers in scripts/sanitize.sh.
-  ASAN_BUILD="${OPGUARD_ASAN_BUILD_DIR:-$ROOT/build-asan}"
-  OPGUARD_BUILD_DIR="$ASAN_BUILD" OPGUARD_SANITIZE_TARGET=opguard_unit_tests \
-    "$ROOT/scripts/sanitize.sh" address -L '^unit$' --no-tests=error \
-    --output-junit "$ASAN_BUILD/ctest-asan.xml" "${JUNIT_ARGS[@]}" || rc=1
-  "${CHECK[@]}" --build "$ASAN_BUILD" --junit "$ASAN_BUILD/ctest-asan.xml" --labels unit || rc=1
+  sanitizer_pass address "${OPGUARD_ASAN_BUILD_DIR:-$ROOT/build-asan}" opguard_unit_tests unit
+fi
+# The threaded parts (the shim's sender and pending-fingerprint worker; the
+# daemon's ingest, commit, query, aligner and HTTP threads in process,
+# through the fuzz corpora's replays): only their targets are built.
+if [[ "${OPGUARD_TEST_TSAN:-1}" != 0 ]]; then
+  sanitizer_pass thread "${OPGUARD_TSAN_BUILD_DIR:-$ROOT/build-tsan}" opguard_tsan_tests tsan
+fi
+
+if [[ "${OPGUARD_TEST_FUZZ:-1}" != 0 ]]; then
+  # Each harness for a bounded number of inputs from its committed corpus
+  # (clang, ASan + UBSan; docs/testing.md).
+  "$ROOT/scripts/fuzz.sh" || rc=1
 fi
 exit "$rc"

@@ -77,7 +77,10 @@ Result<Answer> DaemonClient::Call(const flatbuffers::FlatBufferBuilder& request)
       socket_.reset();
       return Unavailable("daemon at " + endpoint_ + " did not answer within " + seconds + "s" + CurveHint());
     }
-    auto opened = wire::OpenEnvelope(reply.data(), reply.size());
+    // A received frame may start at any address (libzmq decodes large
+    // frames in place); FlatBuffers needs alignment.
+    wire::AlignedStorage storage;
+    auto opened = wire::OpenEnvelope(reply.data(), reply.size(), storage);
     if (!opened.ok()) return DataLoss("bad answer from " + endpoint_ + ": " + opened.status().message());
     if (const auto* error = (*opened)->message_as_ErrorAnswer()) {
       return opguard::Status(StatusCode::kInvalidArgument,

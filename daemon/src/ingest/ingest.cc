@@ -652,10 +652,11 @@ void Ingest::ApplyAnnounce(const wire::RunAnnounce& a, RunState* run, RankState*
   auto set_pairs = [&changed](std::vector<std::pair<std::string, std::string>>* field,
                               const flatbuffers::Vector<flatbuffers::Offset<wire::KeyValue>>* v) {
     if (v == nullptr) return;
-    for (auto& [key, value] : Pairs(v)) {
+    for (auto& pair : Pairs(v)) {
+      const std::string& key = pair.first;  // clang 14 cannot capture a structured binding
       const bool known = std::any_of(field->begin(), field->end(),
                                      [&key](const auto& kv) { return kv.first == key; });
-      if (!known) field->emplace_back(std::move(key), std::move(value)), changed = true;
+      if (!known) field->push_back(std::move(pair)), changed = true;
     }
   };
   set_string(&run->job_id, a.job_id());

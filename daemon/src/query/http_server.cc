@@ -297,7 +297,8 @@ class Params {
 
   // Empty when every parameter is one of `allowed`, else the 400 message.
   std::string Unknown(std::initializer_list<const char*> allowed) const {
-    for (const auto& [key, value] : values_) {
+    for (const auto& entry : values_) {
+      const std::string& key = entry.first;  // clang 14 cannot capture a structured binding
       if (std::find_if(allowed.begin(), allowed.end(), [&](const char* a) { return key == a; }) ==
           allowed.end()) {
         std::string names;
