@@ -381,6 +381,10 @@ void Ingest::HandleMessage(std::vector<zmq::message_t>& frames) {
   frames.clear();
   const void* data = payload.data();
   const size_t size = payload.size();
+  // libzmq may hand a large frame over at any address; FlatBuffers reads
+  // need it aligned, so a misaligned batch is opened (and applied) from an
+  // aligned copy.
+  wire::AlignedStorage aligned;
 
   if (size > config_.max_message_bytes) {
     return Reject(ack, RejectReason::kOversized,
@@ -390,7 +394,8 @@ void Ingest::HandleMessage(std::vector<zmq::message_t>& frames) {
   if (size < 8 || !wire::EnvelopeBufferHasIdentifier(data)) {
     return Reject(ack, RejectReason::kNotOpGuard, "not an OpGuard message (missing identifier)");
   }
-  auto opened = wire::OpenEnvelope(data, size, config_.max_message_bytes);
+  auto opened = wire::OpenEnvelope(data, size, aligned, config_.max_message_bytes);
+  if (!aligned.empty()) data = aligned.data();
   if (!opened.ok()) {
     // Classify for the metrics: the size and identifier were checked above.
     flatbuffers::Verifier verifier(static_cast<const uint8_t*>(data), size);
