@@ -88,9 +88,10 @@ FuzzDaemon::FuzzDaemon(std::vector<std::string> peers) : dir_(MakeTempDir()) {
   ingest_ = std::make_unique<Ingest>(config_, store_.get(), &registry_, &metrics_, &context_);
   if (Status st = ingest_->Start(); !st.ok()) Fail("ingest: " + st.message());
   service_ = std::make_unique<QueryService>(config_, store_.get(), &registry_, ingest_.get(), &metrics_);
-  service_->SetApiRouter([this](const std::string& target) -> std::pair<int, std::string> {
+  service_->SetApiRouter([this](const std::string& target,
+                                 const CancelToken* cancel) -> std::pair<int, std::string> {
     if (!IsForwardableApiRoute(target)) return {400, R"({"error":"not a JSON API route peers answer"})"};
-    HttpResponse r = RouteHttp("GET", target, service_.get(), &metrics_, store_.get());
+    HttpResponse r = RouteHttp("GET", target, service_.get(), &metrics_, store_.get(), {}, cancel);
     return {r.status, std::move(r.body)};
   });
   http_ = std::make_unique<HttpServer>(&io_, service_.get(), &metrics_, store_.get(), std::string());
