@@ -93,8 +93,18 @@ if [[ -f "$TORCH_LIBDIR/libc10_cuda.so" ]]; then
   fi
 fi
 
-# Every source of the library (shim/torch/*.cc but the tests), $(nproc) at a time.
+# Every source of the library (shim/torch/*.cc but the tests), $(nproc) at a time,
+# with ATen's headers parsed once into a precompiled header first, as the
+# CMake build does (they are ~85% of each file's compile time).
 start=$SECONDS
+printf '#include <ATen/ATen.h>\n#include <ATen/record_function.h>\n' > "$BUILD/aten_pch.h"
+if ! "$CXX" "${FLAGS[@]}" -x c++-header "$BUILD/aten_pch.h" -o "$BUILD/aten_pch.h.gch" \
+     2> "$BUILD/aten_pch.log"; then
+  cat "$BUILD/aten_pch.log"
+  echo "torch-build-check: compiling torch $TORCH_VERSION's headers failed" >&2
+  exit 2
+fi
+FLAGS+=(-include "$BUILD/aten_pch.h" -Winvalid-pch)
 sources=()
 for path in "$ROOT"/shim/torch/*.cc; do
   [[ $path == *_test.cc ]] || sources+=("$(basename "$path" .cc)")
