@@ -5,6 +5,9 @@
 #   scripts/fuzz.sh -R ingest            # extra arguments go to ctest
 #   scripts/fuzz.sh --long ingest_batch [libFuzzer flags...]
 #                                        # one harness until stopped (or -max_total_time=S)
+#   scripts/fuzz.sh --build [TARGET...]  # only configure and build (default:
+#                                        # the harnesses; scripts/sanitize.sh fuzz
+#                                        # builds the unit tests here so)
 # The build lives in $OPGUARD_FUZZ_BUILD_DIR (default <repo>/build-fuzz), is
 # RelWithDebInfo, without CUDA, Torch and benchmarks, and builds only the
 # fuzz targets. OPGUARD_JOBS sets the build parallelism (default nproc).
@@ -19,7 +22,12 @@ JOBS="${OPGUARD_JOBS:-$(nproc)}"
 HARNESSES=(ingest_batch query_request peer_answer http_request api_target)
 
 LONG=""
-if [[ "${1:-}" == --long ]]; then
+BUILD_ONLY=0
+if [[ "${1:-}" == --build ]]; then
+  BUILD_ONLY=1
+  shift
+  [[ $# -gt 0 ]] || set -- "${HARNESSES[@]/#/fuzz_}"
+elif [[ "${1:-}" == --long ]]; then
   [[ $# -ge 2 ]] || { echo "usage: $0 --long HARNESS [libFuzzer flags...]" >&2; exit 2; }
   LONG="$2"
   shift 2
@@ -29,7 +37,9 @@ cmake -S "$ROOT" -B "$BUILD" -DOPGUARD_FUZZ=ON \
   -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
   -DOPGUARD_WITH_CUDA=OFF -DOPGUARD_WITH_TORCH=OFF -DOPGUARD_BUILD_BENCH=OFF \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo ${OPGUARD_CMAKE_ARGS:-} >/dev/null
-if [[ -n "$LONG" ]]; then
+if ((BUILD_ONLY)); then
+  exec cmake --build "$BUILD" -j "$JOBS" --target "$@"
+elif [[ -n "$LONG" ]]; then
   cmake --build "$BUILD" -j "$JOBS" --target "fuzz_$LONG"
 else
   cmake --build "$BUILD" -j "$JOBS" --target "${HARNESSES[@]/#/fuzz_}"

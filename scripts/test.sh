@@ -7,11 +7,11 @@
 # (scripts/check_test_run.py).
 #   scripts/test.sh                 # everything
 #   scripts/test.sh -L unit         # extra arguments go to the main ctest run
-# OPGUARD_TEST_ASAN=0 leaves out the AddressSanitizer pass (build in
-# $OPGUARD_ASAN_BUILD_DIR, default <repo>/build-asan); OPGUARD_TEST_TSAN=0 the
-# ThreadSanitizer pass over the threaded tests (label tsan, build in
-# $OPGUARD_TSAN_BUILD_DIR, default <repo>/build-tsan); OPGUARD_TEST_FUZZ=0 the
-# bounded libFuzzer run (scripts/fuzz.sh, build in <repo>/build-fuzz).
+# OPGUARD_TEST_ASAN=0 leaves out the AddressSanitizer + UBSan pass over the unit
+# tests; OPGUARD_TEST_TSAN=0 the ThreadSanitizer pass over the threaded tests
+# (label tsan, build in $OPGUARD_TSAN_BUILD_DIR, default <repo>/build-tsan);
+# OPGUARD_TEST_FUZZ=0 the bounded libFuzzer run (scripts/fuzz.sh). The first
+# and the last share one build, $OPGUARD_FUZZ_BUILD_DIR (default <repo>/build-fuzz).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${OPGUARD_BUILD_DIR:-$ROOT/build}"
@@ -54,10 +54,14 @@ sanitizer_pass() {
   "${CHECK[@]}" --build "$build" --junit "$xml" --labels "$label" || rc=1
 }
 
-# The unit tests only (no PyTorch adapter, no CUDA), Debug with ASan: the
-# integration suites run under all three sanitizers in scripts/sanitize.sh.
+# The unit tests only (no PyTorch adapter, no CUDA) under AddressSanitizer and
+# UndefinedBehaviorSanitizer, in the fuzz harnesses' clang build (sanitize.sh
+# fuzz), which the bounded fuzz runs below then reuse: one sanitizer build of
+# the daemon instead of two. The integration suites run under all three
+# sanitizers in scripts/sanitize.sh.
+FUZZ_BUILD="${OPGUARD_FUZZ_BUILD_DIR:-$ROOT/build-fuzz}"
 if [[ "${OPGUARD_TEST_ASAN:-1}" != 0 ]]; then
-  sanitizer_pass address "${OPGUARD_ASAN_BUILD_DIR:-$ROOT/build-asan}" opguard_unit_tests unit
+  sanitizer_pass fuzz "$FUZZ_BUILD" opguard_unit_tests unit
 fi
 # The threaded parts (the shim's sender and pending-fingerprint worker; the
 # daemon's ingest, commit, query, aligner and HTTP threads in process,
@@ -72,6 +76,6 @@ if [[ "${OPGUARD_TEST_FUZZ:-1}" != 0 ]]; then
   # bounded run finds an HTTP session that neither answers nor closes for
   # 60 s (an open bug, docs/testing.md), which would fail every run; its
   # corpus still replays in every pass (fuzz_replay_http_request).
-  "$ROOT/scripts/fuzz.sh" -E '^fuzz_http_request$' || rc=1
+  OPGUARD_FUZZ_BUILD_DIR="$FUZZ_BUILD" "$ROOT/scripts/fuzz.sh" -E '^fuzz_http_request$' || rc=1
 fi
 exit "$rc"

@@ -3,6 +3,7 @@
 // decides how to walk the bytes (tiles, threads, AVX2 or scalar).
 #include "opguard/fingerprint/fingerprint.h"
 
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -169,7 +170,13 @@ MetaKey ComputeMeta(DType dtype, std::span<const int64_t> shape) {
 namespace internal {
 
 bool CpuHasAvx2() {
-  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  // F16C from CPUID leaf 1 (ECX bit 29): clang before 15 has no "f16c" for
+  // __builtin_cpu_supports.
+  static const bool has = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return __builtin_cpu_supports("avx2") && __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 &&
+           (ecx & bit_F16C) != 0;
+  }();
   return has;
 }
 
@@ -384,20 +391,34 @@ namespace scalar_stats {
 #include "fingerprint_stats.inc"
 }  // namespace scalar_stats
 
+// GCC's target pragma; clang's equivalent is an attribute pushed on every
+// function (lambdas' call operators included).
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2")
+#endif
 namespace avx2_stats {
 #include "fingerprint_stats.inc"
 }  // namespace avx2_stats
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
 void StatsTileScalar(DType d, const uint8_t* p, uint64_t len, TileFloat* f, TileInt* i) {
   scalar_stats::StatsTile(d, p, len, f, i);
 }
 // Lambdas do not inherit a function's target attribute, so the AVX2
 // statistics kernels are compiled under a target pragma instead.
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,f16c"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,f16c")
+#endif
 
 // Four slots of FloatAcc8 in registers; Add4 is FloatAcc8::Add for
 // j = base..base+3 (same comparisons, same roundings, no FMA).
@@ -598,7 +619,11 @@ void StatsTileAvx2(DType d, const uint8_t* p, uint64_t len, TileFloat* f, TileIn
   }
 }
 
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
 // ---- walking the tensor -----------------------------------------------------------
 
