@@ -1,6 +1,8 @@
-// Internal hashing for structural keys, digests and anchors. Both runs are
-// hashed by the same binary, so the function only has to be deterministic and
-// well mixed, not compatible with anything outside the aligner.
+// Internal hashing for structural keys, digests and anchors: deterministic
+// and well mixed. Daemons store the event cores hashed with it
+// (OpEventCore, trace.h): a change to it, or to what the siteless key and
+// the digests mix in, must bump kOpEventCoreVersion so that stored cores of
+// the old hashing are recomputed from their records, not compared with new ones.
 #pragma once
 
 #include <cstdint>

@@ -150,20 +150,36 @@ uint64_t BoundaryId(std::string_view file_path, std::string_view function, uint3
   return h.Digest64() | 1;  // never 0: 0 means "no boundary, use the site id"
 }
 
-OpEvent MakeOpEvent(const OpDetail& d, uint64_t boundary) {
-  OpEvent e;
-  e.op_index = d.op_index;
-  e.step = d.step;
-  e.name = d.name;
-  e.site = d.site;
-  const uint64_t siteless = SitelessKey(d);
-  e.key = WithSite(siteless, boundary != 0 ? boundary : d.site);
-  e.loose_key = static_cast<uint32_t>(siteless);
-  e.outputs = OutputDigest(d.outputs);
-  e.inputs = InputDigest(d.inputs);
-  e.flags = (d.nondeterministic ? OpEvent::kNondeterministic : 0) |
+OpEventCore MakeOpEventCore(const OpDetail& d) {
+  OpEventCore c;
+  c.op_index = d.op_index;
+  c.step = d.step;
+  c.name = d.name;
+  c.site = d.site;
+  c.siteless_key = SitelessKey(d);
+  c.outputs = OutputDigest(d.outputs);
+  c.inputs = InputDigest(d.inputs);
+  c.flags = (d.nondeterministic ? OpEvent::kNondeterministic : 0) |
             (d.replicated ? OpEvent::kReplicated : 0);
+  return c;
+}
+
+OpEvent ToOpEvent(const OpEventCore& c, uint64_t boundary) {
+  OpEvent e;
+  e.op_index = c.op_index;
+  e.step = c.step;
+  e.name = c.name;
+  e.site = c.site;
+  e.key = WithSite(c.siteless_key, boundary != 0 ? boundary : c.site);
+  e.loose_key = static_cast<uint32_t>(c.siteless_key);
+  e.outputs = c.outputs;
+  e.inputs = c.inputs;
+  e.flags = c.flags;
   return e;
+}
+
+OpEvent MakeOpEvent(const OpDetail& d, uint64_t boundary) {
+  return ToOpEvent(MakeOpEventCore(d), boundary);
 }
 
 std::optional<std::string> StringTable::String(uint64_t id) const {

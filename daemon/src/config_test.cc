@@ -63,6 +63,7 @@ TEST(Config, FileFormat) {
       "storage.background_jobs = 4\n"
       "storage.compression = zstd\n"
       "storage.compaction = universal\n"
+      "storage.op_cores = false\n"
       "storage.max_bytes = 3MiB\n"
       "storage.reserved_bytes = 0\n"
       "query.max_trace_page = 500\n"
@@ -85,6 +86,8 @@ TEST(Config, FileFormat) {
   EXPECT_EQ(c->background_jobs, 4);
   EXPECT_EQ(c->compression, "zstd");
   EXPECT_EQ(c->compaction, "universal");
+  EXPECT_FALSE(c->op_cores);
+  EXPECT_TRUE(Parse({})->op_cores);
   EXPECT_EQ(c->max_bytes, 3u << 20);
   EXPECT_EQ(c->reserved_bytes, 0u);
   EXPECT_EQ(c->max_trace_page, 500u);
@@ -221,6 +224,7 @@ TEST(Config, HelpDocumentsEveryFlag) {
                            "--storage.compression",
                            "--storage.bottommost-compression",
                            "--storage.compaction",
+                           "--storage.op-cores",
                            "--retention.max-bytes",
                            "--retention.max-age",
                            "--retention.interval",

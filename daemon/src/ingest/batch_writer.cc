@@ -3,6 +3,7 @@
 #include <string_view>
 
 #include "opguard/common/saturating.h"
+#include "opguard/daemon/report_wire.h"
 #include "storage/record_copy.h"
 
 namespace opguard::daemon {
@@ -96,6 +97,12 @@ void BatchWriter::PutOps(const wire::Batch& batch, const uint8_t* buffer, size_t
       fbb_.Clear();
       fbb_.Finish(CopyOpRecord(fbb_, op));
       w.Add(op->op_index(), fbb_.GetBufferPointer(), fbb_.GetSize());
+    }
+    // Reduced once here, so that no query has to decode and hash the
+    // record to align it (op_chunk.h).
+    if (cores_) {
+      OpDetailFromRecord(*op, &detail_);
+      w.AddCore(aligner::MakeOpEventCore(detail_));
     }
   }
   for (size_t i = 0; i < open_lanes; ++i) put_chunk(chunk_lanes_[i], chunks_[i]);

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "opguard/aligner/trace.h"
 #include "opguard/idl/envelope.h"
 #include "storage/op_chunk.h"
 #include "storage/store.h"
@@ -30,7 +31,8 @@ struct RecordCounts {
 
 class BatchWriter {
  public:
-  explicit BatchWriter(ChunkCodec codec) : codec_(codec) {}
+  // `cores`: store each op's event core with its chunk (storage.op_cores).
+  explicit BatchWriter(ChunkCodec codec, bool cores = true) : codec_(codec), cores_(cores) {}
 
   // `buffer` of `bytes`: the verified message that holds `batch`, whose
   // records are stored under run id `run`.
@@ -47,9 +49,11 @@ class BatchWriter {
   void PutSources(const wire::Batch& batch, uint64_t run, StoreBatch* out, RecordCounts* n);
 
   const ChunkCodec codec_;  // storage.compression, applied to each ops chunk
+  const bool cores_;
   flatbuffers::FlatBufferBuilder fbb_{1024};
   std::vector<OpChunkWriter> chunks_;  // one open chunk per lane of a batch
   std::vector<uint32_t> chunk_lanes_;
+  aligner::OpDetail detail_;  // scratch of the event cores, kept for its capacity
 };
 
 }  // namespace opguard::daemon

@@ -216,7 +216,7 @@ Ingest::Ingest(const Config& config, Store* store, RunRegistry* registry, Metric
       registry_(registry),
       metrics_(metrics),
       context_(context),
-      writer_(ChunkCodecByName(config.compression)),
+      writer_(ChunkCodecByName(config.compression), config.op_cores),
       unix_ingest_(IsUnixEndpoint(config.ingest)) {}
 
 Ingest::~Ingest() {

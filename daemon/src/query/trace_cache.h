@@ -1,8 +1,8 @@
 // Rank traces kept between queries (docs/daemon.md, "Query speed").
 //
-// Reading a rank's trace (scan, decompress, verify, reduce every record to an
-// OpEvent: trace_source.h) is most of a diff's time; the alignment itself is
-// a few percent. People ask about the same runs again and again (a diff, the
+// Reading a rank's trace (scan the stored event cores, or decompress, verify
+// and reduce every record of a value without them: trace_source.h) is most of
+// a first diff's time; the alignment itself is 10-15% of it. People ask about the same runs again and again (a diff, the
 // viewer's alignment of the same ranks, a diff against another reference), so
 // the traces read last are kept, up to query.trace_cache_bytes, least
 // recently used dropped first.

@@ -3,6 +3,7 @@
 #include <rocksdb/iterator.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <memory>
 
@@ -78,6 +79,14 @@ Result<aligner::RankTrace> StoreDetails::LoadRank(uint32_t rank, const CancelTok
     aligner::OpDetail scratch;
     aligner::LaneTrace* lane = nullptr;
     uint64_t loaded = 0;
+    // A few sites take turns from op to op: a small direct-mapped memo in
+    // front of the map (Of(0) is 0, so the empty slots hold).
+    std::array<std::pair<uint64_t, uint64_t>, 64> memo{};
+    auto boundary = [&](uint64_t site) {
+      auto& slot = memo[(site * 0x9e3779b97f4a7c15ULL) >> 58];
+      if (slot.first != site) slot = {site, boundaries_.Of(site)};
+      return slot.second;
+    };
     // A corrupt chunk is a hole in the trace, never a silent pass nor a
     // failed query. Its first op is unknown: the hole runs from after the
     // lane's last op to the key's op (the chunk's last).
@@ -110,6 +119,33 @@ Result<aligner::RankTrace> StoreDetails::LoadRank(uint32_t rank, const CancelTok
       last_key = key.ToString();
       const uint32_t lane_id = keys::OpKeyLane(key.ToStringView());
       const uint64_t key_op = keys::OpKeyIndex(key.ToStringView());
+      // Whether op `idx` joins the lane: overlapping chunks (a rank that
+      // re-sent op indices under a new session) keep the trace strictly
+      // ascending, the first one wins.
+      auto takes = [&](uint64_t idx) {
+        if (lane == nullptr || lane->lane != lane_id) {
+          trace.lanes.push_back({lane_id, {}});
+          lane = &trace.lanes.back();
+          // The rank's remaining ops: exact for the common one-lane rank;
+          // RunReader trims what a lane did not use.
+          lane->ops.reserve(expected_ops > loaded ? expected_ops - loaded : 0);
+        }
+        return lane->ops.empty() || idx > lane->ops.back().op_index;
+      };
+      auto add = [&](const aligner::OpEventCore& core) {
+        lane->ops.push_back(aligner::ToOpEvent(core, boundary(core.site)));
+        ++loaded;
+      };
+      // The cores stored with the records (op_chunk.h): no record is
+      // decompressed, verified or hashed.
+      if (chunk.OpenCores(key_op, it_->value().ToStringView()) == OpChunkView::Cores::kRead) {
+        for (const aligner::OpEventCore& core : chunk.cores()) {
+          if (takes(core.op_index)) add(core);
+        }
+        continue;
+      }
+      // A value of an earlier layout (or whose cores do not open): reduce
+      // every record.
       if (!chunk.Open(key_op, it_->value().ToStringView())) {
         hole(lane_id, key_op);
         continue;
@@ -122,19 +158,9 @@ Result<aligner::RankTrace> StoreDetails::LoadRank(uint32_t rank, const CancelTok
           trace.gaps.push_back({lane_id, idx, idx});
           continue;
         }
-        if (lane == nullptr || lane->lane != lane_id) {
-          trace.lanes.push_back({lane_id, {}});
-          lane = &trace.lanes.back();
-          // The rank's remaining ops: exact for the common one-lane rank;
-          // RunReader trims what a lane did not use.
-          lane->ops.reserve(expected_ops > loaded ? expected_ops - loaded : 0);
-        }
-        // Overlapping chunks (a rank that re-sent op indices under a new
-        // session) keep the trace strictly ascending: the first one wins.
-        if (!lane->ops.empty() && idx <= lane->ops.back().op_index) continue;
+        if (!takes(idx)) continue;
         OpDetailFromRecord(**op, &scratch);
-        lane->ops.push_back(aligner::MakeOpEvent(scratch, boundaries_.Of(scratch.site)));
-        ++loaded;
+        add(aligner::MakeOpEventCore(scratch));
       }
     }
     if (!damaged_to_end) OPGUARD_RETURN_IF_ERROR(FromRocks(it_->status(), "reading trace"));

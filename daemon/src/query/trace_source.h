@@ -2,9 +2,11 @@
 // "Input model"; key layout in keys.h).
 //
 //  * LoadRankTrace streams each (rank, lane) range of the ops column family
-//    into compact OpEvents: one verified OpRecord at a time is turned into an
-//    OpDetail scratch value and reduced by aligner::MakeOpEvent, so memory is
-//    ~80 bytes per op whatever the record sizes.
+//    into compact OpEvents, so memory is ~80 bytes per op whatever the
+//    record sizes: from the event cores ingest stored with each chunk
+//    (op_chunk.h; only the site's share of the structural key is added),
+//    or, for a value without them, one verified OpRecord at a time turned
+//    into an OpDetail scratch value and reduced by aligner::MakeOpEventCore.
 //  * Gaps come from the events column family ('g' op gaps; 'G' collective
 //    gaps are returned separately because the aligner's Gap is per lane).
 //  * Collectives come from the collectives column family, which is ordered by

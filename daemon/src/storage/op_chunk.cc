@@ -12,9 +12,14 @@ namespace {
 
 constexpr char kChunkMagic[4] = {'O', 'G', 'C', '1'};
 constexpr char kPackedMagic[4] = {'O', 'G', 'Z', '1'};
+constexpr char kCoresMagic[4] = {'O', 'G', 'E', '1'};
 constexpr size_t kChunkHeader = 8;    // magic | count
 constexpr size_t kChunkEntry = 16;    // op_index | offset | size
 constexpr size_t kPackedHeader = 12;  // magic | codec | raw size
+constexpr size_t kCoresHeader = 16;   // magic | core version | block size | 0
+constexpr size_t kCoresBlockHeader = 16;  // codec | count | raw size | stored size
+constexpr size_t kCoreU64Columns = 9;     // op_index ... inputs hi
+constexpr size_t kCoreBytes = 8 * kCoreU64Columns + 1;  // + flags
 // Larger than any chunk ingest writes (at most kOpChunkMaxBytes plus one
 // record of at most ingest.max_message_bytes): a bound on what a damaged
 // header can make a reader allocate.
@@ -43,10 +48,22 @@ bool IsPlainChunk(std::string_view value) {
 bool IsPackedChunk(std::string_view value) {
   return value.size() >= kPackedHeader && std::memcmp(value.data(), kPackedMagic, 4) == 0;
 }
+bool HasCores(std::string_view value) {
+  return value.size() >= kCoresHeader && std::memcmp(value.data(), kCoresMagic, 4) == 0;
+}
+// The chunk behind the cores; false when the framing is damaged.
+bool SkipCores(std::string_view* value) {
+  const uint32_t block = GetLe32(value->data() + 8);
+  if (block % 8 != 0 || block > value->size() - kCoresHeader) return false;
+  value->remove_prefix(kCoresHeader + block);
+  return true;
+}
 
 }  // namespace
 
-bool IsOpChunk(std::string_view value) { return IsPlainChunk(value) || IsPackedChunk(value); }
+bool IsOpChunk(std::string_view value) {
+  return IsPlainChunk(value) || IsPackedChunk(value) || HasCores(value);
+}
 
 ChunkCodec ChunkCodecByName(const std::string& name) {
   if (name == "lz4" || name == "snappy") return ChunkCodec::kLz4;
@@ -58,6 +75,23 @@ struct OpChunkWriter::Codecs {
   std::vector<uint64_t> lz4_state;  // LZ4_sizeofState() bytes, 8-aligned
   ZSTD_CCtx* zstd = nullptr;
   ~Codecs() { ZSTD_freeCCtx(zstd); }
+
+  static size_t Bound(ChunkCodec codec, size_t raw) {
+    return codec == ChunkCodec::kLz4 ? static_cast<size_t>(LZ4_compressBound(static_cast<int>(raw)))
+                                     : ZSTD_compressBound(raw);
+  }
+  // Compresses `raw` into `dst` (Bound bytes); 0 on failure.
+  size_t Compress(ChunkCodec codec, std::string_view raw, char* dst, size_t bound) {
+    if (codec == ChunkCodec::kLz4) {
+      if (lz4_state.empty()) lz4_state.resize((static_cast<size_t>(LZ4_sizeofState()) + 7) / 8);
+      const int n = LZ4_compress_fast_extState(lz4_state.data(), raw.data(), dst,
+                                               static_cast<int>(raw.size()), static_cast<int>(bound), 1);
+      return n > 0 ? static_cast<size_t>(n) : 0;
+    }
+    if (zstd == nullptr) zstd = ZSTD_createCCtx();
+    const size_t n = zstd == nullptr ? 0 : ZSTD_compressCCtx(zstd, dst, bound, raw.data(), raw.size(), kZstdLevel);
+    return ZSTD_isError(n) ? 0 : n;
+  }
 };
 
 OpChunkWriter::OpChunkWriter() : records_(kHeadRoom, '\0') {
@@ -69,6 +103,7 @@ OpChunkWriter& OpChunkWriter::operator=(OpChunkWriter&&) noexcept = default;
 
 void OpChunkWriter::Clear() {
   entries_.clear();
+  cores_.clear();
   records_.resize(kHeadRoom);
 }
 
@@ -107,43 +142,95 @@ std::string_view OpChunkWriter::Finish(ChunkCodec codec) {
   }
   std::memset(e, 0, static_cast<size_t>(p + head - e));
   const std::string_view raw(p, head + body);
-  if (codec == ChunkCodec::kNone || raw.size() > kMaxRawChunk) return raw;
-
-  if (!codecs_) codecs_ = std::make_unique<Codecs>();
-  size_t bound = 0;
-  if (codec == ChunkCodec::kLz4) {
-    bound = static_cast<size_t>(LZ4_compressBound(static_cast<int>(raw.size())));
-  } else {
-    bound = ZSTD_compressBound(raw.size());
-  }
-  packed_.resize(kPackedHeader + bound);
-  char* q = packed_.data();
-  std::memcpy(q, kPackedMagic, 4);
-  PutLe32(q + 4, static_cast<uint32_t>(codec));
-  PutLe32(q + 8, static_cast<uint32_t>(raw.size()));
-  size_t packed = 0;
-  if (codec == ChunkCodec::kLz4) {
-    if (codecs_->lz4_state.empty()) {
-      codecs_->lz4_state.resize((static_cast<size_t>(LZ4_sizeofState()) + 7) / 8);
+  std::string_view chunk = raw;
+  if (codec != ChunkCodec::kNone && raw.size() <= kMaxRawChunk) {
+    if (!codecs_) codecs_ = std::make_unique<Codecs>();
+    const size_t bound = Codecs::Bound(codec, raw.size());
+    packed_.resize(kPackedHeader + bound);
+    char* q = packed_.data();
+    std::memcpy(q, kPackedMagic, 4);
+    PutLe32(q + 4, static_cast<uint32_t>(codec));
+    PutLe32(q + 8, static_cast<uint32_t>(raw.size()));
+    // 0 cannot happen with a bound-sized buffer; the chunk is then stored plain.
+    if (const size_t packed = codecs_->Compress(codec, raw, q + kPackedHeader, bound); packed != 0) {
+      packed_.resize(kPackedHeader + packed);
+      chunk = packed_;
     }
-    const int n =
-        LZ4_compress_fast_extState(codecs_->lz4_state.data(), raw.data(), q + kPackedHeader,
-                                   static_cast<int>(raw.size()), static_cast<int>(bound), 1);
-    packed = n > 0 ? static_cast<size_t>(n) : 0;
-  } else {
-    if (codecs_->zstd == nullptr) codecs_->zstd = ZSTD_createCCtx();
-    const size_t n = codecs_->zstd == nullptr
-                         ? 0
-                         : ZSTD_compressCCtx(codecs_->zstd, q + kPackedHeader, bound, raw.data(),
-                                             raw.size(), kZstdLevel);
-    packed = ZSTD_isError(n) ? 0 : n;
   }
-  if (packed == 0) return raw;  // cannot happen with a bound-sized buffer; store it plain
-  packed_.resize(kPackedHeader + packed);
-  return packed_;
+  return cores_.size() == entries_.size() ? WithCores(codec, chunk) : chunk;
+}
+
+std::string_view OpChunkWriter::WithCores(ChunkCodec codec, std::string_view chunk) {
+  // Columns, so that the compressor finds the repeats (steps, names, sites,
+  // keys; op indices differ in their low byte only); the digests are random.
+  const size_t n = cores_.size();
+  cores_raw_.resize(n * kCoreBytes);
+  char* col = cores_raw_.data();
+  auto column = [&](auto&& field) {
+    for (const aligner::OpEventCore& c : cores_) {
+      PutLe64(col, field(c));
+      col += 8;
+    }
+  };
+  column([](const aligner::OpEventCore& c) { return c.op_index; });
+  column([](const aligner::OpEventCore& c) { return c.step; });
+  column([](const aligner::OpEventCore& c) { return c.name; });
+  column([](const aligner::OpEventCore& c) { return c.site; });
+  column([](const aligner::OpEventCore& c) { return c.siteless_key; });
+  column([](const aligner::OpEventCore& c) { return c.outputs.lo; });
+  column([](const aligner::OpEventCore& c) { return c.outputs.hi; });
+  column([](const aligner::OpEventCore& c) { return c.inputs.lo; });
+  column([](const aligner::OpEventCore& c) { return c.inputs.hi; });
+  for (const aligner::OpEventCore& c : cores_) *col++ = static_cast<char>(c.flags);
+
+  const size_t bound = codec == ChunkCodec::kNone ? n * kCoreBytes : Codecs::Bound(codec, n * kCoreBytes);
+  framed_.resize(kCoresHeader + kCoresBlockHeader + Align8(bound) + chunk.size());
+  char* f = framed_.data();
+  char* data = f + kCoresHeader + kCoresBlockHeader;
+  size_t stored = 0;
+  if (codec != ChunkCodec::kNone) {
+    if (!codecs_) codecs_ = std::make_unique<Codecs>();
+    stored = codecs_->Compress(codec, cores_raw_, data, bound);
+  }
+  ChunkCodec used = codec;
+  if (stored == 0) {  // no codec (or a failed one): the columns as they are
+    used = ChunkCodec::kNone;
+    stored = n * kCoreBytes;
+    std::memcpy(data, cores_raw_.data(), stored);
+  }
+  const size_t block = kCoresBlockHeader + Align8(stored);
+  std::memset(data + stored, 0, Align8(stored) - stored);
+  std::memcpy(f, kCoresMagic, 4);
+  PutLe32(f + 4, aligner::kOpEventCoreVersion);
+  PutLe32(f + 8, static_cast<uint32_t>(block));
+  PutLe32(f + 12, 0);
+  PutLe32(f + 16, static_cast<uint32_t>(used));
+  PutLe32(f + 20, static_cast<uint32_t>(n));
+  PutLe32(f + 24, static_cast<uint32_t>(n * kCoreBytes));
+  PutLe32(f + 28, static_cast<uint32_t>(stored));
+  std::memcpy(f + kCoresHeader + block, chunk.data(), chunk.size());
+  framed_.resize(kCoresHeader + block + chunk.size());
+  return framed_;
 }
 
 namespace {
+
+// Decompresses `src` of `codec` into exactly `raw` bytes at `dst`.
+bool Decompress(uint32_t codec, std::string_view src, char* dst, uint32_t raw) {
+  if (codec == static_cast<uint32_t>(ChunkCodec::kLz4)) {
+    if (src.size() > static_cast<size_t>(INT32_MAX) || raw > static_cast<uint32_t>(INT32_MAX)) return false;
+    const int n = LZ4_decompress_safe(src.data(), dst, static_cast<int>(src.size()), static_cast<int>(raw));
+    return n >= 0 && static_cast<uint32_t>(n) == raw;
+  }
+  if (codec == static_cast<uint32_t>(ChunkCodec::kZstd)) {
+    thread_local std::unique_ptr<ZSTD_DCtx, size_t (*)(ZSTD_DCtx*)> dctx(ZSTD_createDCtx(),
+                                                                         ZSTD_freeDCtx);
+    if (!dctx) return false;
+    const size_t n = ZSTD_decompressDCtx(dctx.get(), dst, raw, src.data(), src.size());
+    return !ZSTD_isError(n) && n == raw;
+  }
+  return false;
+}
 
 // Decompresses a packed chunk into `storage` (8-aligned); false if damaged.
 bool Unpack(std::string_view value, std::vector<uint64_t>* storage, size_t* raw_size) {
@@ -151,20 +238,7 @@ bool Unpack(std::string_view value, std::vector<uint64_t>* storage, size_t* raw_
   const uint32_t raw = GetLe32(value.data() + 8);
   if (raw < kChunkHeader || raw > kMaxRawChunk) return false;
   storage->resize((raw + 7) / 8);
-  char* dst = reinterpret_cast<char*>(storage->data());
-  const char* src = value.data() + kPackedHeader;
-  const size_t src_size = value.size() - kPackedHeader;
-  if (codec == static_cast<uint32_t>(ChunkCodec::kLz4)) {
-    if (src_size > static_cast<size_t>(INT32_MAX)) return false;
-    const int n = LZ4_decompress_safe(src, dst, static_cast<int>(src_size), static_cast<int>(raw));
-    if (n < 0 || static_cast<uint32_t>(n) != raw) return false;
-  } else if (codec == static_cast<uint32_t>(ChunkCodec::kZstd)) {
-    thread_local std::unique_ptr<ZSTD_DCtx, size_t (*)(ZSTD_DCtx*)> dctx(ZSTD_createDCtx(),
-                                                                         ZSTD_freeDCtx);
-    if (!dctx) return false;
-    const size_t n = ZSTD_decompressDCtx(dctx.get(), dst, raw, src, src_size);
-    if (ZSTD_isError(n) || n != raw) return false;
-  } else {
+  if (!Decompress(codec, value.substr(kPackedHeader), reinterpret_cast<char*>(storage->data()), raw)) {
     return false;
   }
   *raw_size = raw;
@@ -176,6 +250,7 @@ bool Unpack(std::string_view value, std::vector<uint64_t>* storage, size_t* raw_
 bool OpChunkView::Open(uint64_t key_op, std::string_view value, bool copy) {
   ops_.clear();
   records_.clear();
+  if (HasCores(value) && !SkipCores(&value)) return false;
   const char* data = value.data();
   if (IsPackedChunk(value)) {
     size_t raw = 0;
@@ -208,6 +283,54 @@ bool OpChunkView::Open(uint64_t key_op, std::string_view value, bool copy) {
   }
   // The key is the last op of the chunk; anything else is not a chunk we wrote.
   return ops_.back() == key_op;
+}
+
+OpChunkView::Cores OpChunkView::OpenCores(uint64_t key_op, std::string_view value) {
+  cores_.clear();
+  if (!HasCores(value)) return Cores::kAbsent;
+  if (GetLe32(value.data() + 4) != aligner::kOpEventCoreVersion) return Cores::kAbsent;
+  std::string_view chunk = value;
+  if (!SkipCores(&chunk)) return Cores::kDamaged;
+  const std::string_view block = value.substr(kCoresHeader, value.size() - kCoresHeader - chunk.size());
+  if (block.size() < kCoresBlockHeader) return Cores::kDamaged;
+  const uint32_t codec = GetLe32(block.data()), count = GetLe32(block.data() + 4);
+  const uint32_t raw = GetLe32(block.data() + 8), stored = GetLe32(block.data() + 12);
+  if (count == 0 || count > kMaxRawChunk / kCoreBytes || raw != count * kCoreBytes ||
+      stored > block.size() - kCoresBlockHeader ||
+      kCoresBlockHeader + Align8(stored) != block.size()) {
+    return Cores::kDamaged;
+  }
+  const std::string_view data = block.substr(kCoresBlockHeader, stored);
+  const char* col = data.data();
+  if (codec != static_cast<uint32_t>(ChunkCodec::kNone)) {
+    storage_.resize((raw + 7) / 8);
+    if (!Decompress(codec, data, reinterpret_cast<char*>(storage_.data()), raw)) return Cores::kDamaged;
+    col = reinterpret_cast<const char*>(storage_.data());
+  } else if (stored != raw) {
+    return Cores::kDamaged;
+  }
+  cores_.resize(count);
+  auto column = [&](auto&& field) {
+    for (aligner::OpEventCore& c : cores_) {
+      field(c) = GetLe64(col);
+      col += 8;
+    }
+  };
+  column([](aligner::OpEventCore& c) -> uint64_t& { return c.op_index; });
+  column([](aligner::OpEventCore& c) -> uint64_t& { return c.step; });
+  column([](aligner::OpEventCore& c) -> uint64_t& { return c.name; });
+  column([](aligner::OpEventCore& c) -> uint64_t& { return c.site; });
+  column([](aligner::OpEventCore& c) -> uint64_t& { return c.siteless_key; });
+  column([](aligner::OpEventCore& c) -> uint64_t& { return c.outputs.lo; });
+  column([](aligner::OpEventCore& c) -> uint64_t& { return c.outputs.hi; });
+  column([](aligner::OpEventCore& c) -> uint64_t& { return c.inputs.lo; });
+  column([](aligner::OpEventCore& c) -> uint64_t& { return c.inputs.hi; });
+  for (aligner::OpEventCore& c : cores_) c.flags = static_cast<uint8_t>(*col++);
+  // Like the records: strictly ascending, the key's op last.
+  for (size_t i = 1; i < cores_.size(); ++i) {
+    if (cores_[i].op_index <= cores_[i - 1].op_index) return Cores::kDamaged;
+  }
+  return cores_.back().op_index == key_op ? Cores::kRead : Cores::kDamaged;
 }
 
 size_t OpChunkView::LowerBound(uint64_t op) const {

@@ -11,6 +11,8 @@
 #include <string_view>
 #include <vector>
 
+#include "opguard/aligner/trace.h"
+
 namespace opguard::daemon {
 
 // Consecutive records of one (run, rank, lane) from one batch are stored as ONE
@@ -26,9 +28,21 @@ namespace opguard::daemon {
 //   "OGZ1" | codec u32 (1 = LZ4, 2 = ZSTD) | raw size u32 | compressed chunk
 //
 // so the WAL, the memtable and the blob file all carry the compressed bytes
-// and the chunk is compressed exactly once. A value that starts with neither
-// magic is a single record (one OpRecord root per key, the key's op_index);
-// readers accept all three.
+// and the chunk is compressed exactly once. In front of that, ingest stores
+// the records' event cores (aligner::OpEventCore: what a trace scan needs of
+// each record, computed once when it arrived):
+//
+//   "OGE1" | core version u32 | block size u32 | 0 u32
+//   | block: codec u32 | count u32 | raw size u32 | stored size u32 | cores
+//     (compressed with the chunk's codec, zero-padded to 8 bytes)
+//   | the chunk as above ("OGZ1" or "OGC1")
+//
+// where the raw cores are columns of `count` entries: op_index, step, name,
+// site, siteless key, outputs lo, outputs hi, inputs lo, inputs hi (u64
+// each), then flags (u8 each). A trace scan decompresses the cores only;
+// pivots and pages skip them and read the records.
+// A value that starts with none of the magics is a single record (one
+// OpRecord root per key, the key's op_index); readers accept all of them.
 // For records of typical size (~300 bytes) the byte limit ends a chunk, at
 // ~200 records. Larger chunks compress better (real-shim records: 97 -> 89.5
 // bytes on disk per record, so ~8% fewer bytes through the WAL, the memtable
@@ -60,6 +74,9 @@ class OpChunkWriter {
             record_bytes() < kOpChunkMaxBytes);
   }
   void Add(uint64_t op_index, const uint8_t* data, size_t size);
+  // The event core of the record just added (Add/Reserve). Finish stores
+  // the cores only when every record of the chunk has one.
+  void AddCore(const aligner::OpEventCore& core) { cores_.push_back(core); }
   // Appends a record that is written in place: returns `size` bytes of
   // storage (8-aligned within the chunk, zero-filled up to 8-alignment)
   // valid until the next Add/Reserve/Clear/Finish.
@@ -73,6 +90,8 @@ class OpChunkWriter {
   // at the start of records_: Finish writes the header in front of the
   // records instead of copying them behind it.
   static constexpr size_t kHeadRoom = 8 + 16 * kOpChunkMaxRecords;
+  // The cores in front of `chunk` (the layout above), in framed_.
+  std::string_view WithCores(ChunkCodec codec, std::string_view chunk);
   struct Entry {
     uint64_t op_index;
     uint32_t offset;  // from the first record (records_ + kHeadRoom)
@@ -80,8 +99,11 @@ class OpChunkWriter {
   };
   std::vector<Entry> entries_;
   std::string records_;  // kHeadRoom bytes, then the records
+  std::vector<aligner::OpEventCore> cores_;
   std::string out_;
   std::string packed_;
+  std::string cores_raw_;
+  std::string framed_;  // cores in front of the chunk
   struct Codecs;  // compression state, reused across chunks
   std::unique_ptr<Codecs> codecs_;
 };
@@ -92,6 +114,14 @@ class OpChunkWriter {
 // (wire::OpenStored).
 class OpChunkView {
  public:
+  // The stored event cores of a value (ascending op indices, the last one
+  // the key's): kRead fills cores(); kAbsent for a value without them or
+  // with cores of another aligner::kOpEventCoreVersion (read the records
+  // with Open instead); kDamaged when their framing or compression is.
+  enum class Cores { kRead, kAbsent, kDamaged };
+  Cores OpenCores(uint64_t key_op, std::string_view value);
+  const std::vector<aligner::OpEventCore>& cores() const { return cores_; }
+
   // `key_op` is the op_index of the key (used for single-record values).
   // Copies `value` into internal storage when it is misaligned or `copy` is
   // set, and always decompresses a compressed chunk into it (otherwise the
@@ -107,6 +137,7 @@ class OpChunkView {
   std::vector<uint64_t> storage_;
   std::vector<uint64_t> ops_;
   std::vector<std::string_view> records_;
+  std::vector<aligner::OpEventCore> cores_;
 };
 
 // True for a chunk, compressed or not (not for a single-record value).

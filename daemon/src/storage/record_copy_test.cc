@@ -456,5 +456,70 @@ TEST(OpChunk, CompressedChunksRoundTripAndDamageIsRefused) {
   EXPECT_EQ(ChunkCodecByName("none"), ChunkCodec::kNone);
 }
 
+// The event cores stored in front of a chunk come back as written, with
+// every codec and at any address; the records behind them still read; a
+// chunk without cores says so, and damaged framing is refused.
+TEST(OpChunk, CoresRoundTripInFrontOfTheRecords) {
+  for (ChunkCodec codec : {ChunkCodec::kNone, ChunkCodec::kLz4, ChunkCodec::kZstd}) {
+    OpChunkWriter w;
+    std::vector<std::string> records;
+    std::vector<aligner::OpEventCore> cores;
+    for (uint64_t i = 0; i < 50; ++i) {
+      records.push_back(std::string(17 + i % 5, static_cast<char>('a' + i % 4)));
+      w.Add(200 + i * 3, reinterpret_cast<const uint8_t*>(records.back().data()), records.back().size());
+      aligner::OpEventCore c;
+      c.op_index = 200 + i * 3;
+      c.step = i / 10;
+      c.name = 0x1000 + i % 3;
+      c.site = 0x2000 + i % 2;
+      c.siteless_key = 0x9e3779b97f4a7c15ULL * (i % 3 + 1);
+      c.outputs = {i * 0x0123456789abcdefULL, ~i};
+      c.inputs = {i << 40, i * 7};
+      c.flags = static_cast<uint32_t>(i % 4);
+      cores.push_back(c);
+      w.AddCore(c);
+    }
+    const uint64_t last = 200 + 49 * 3;
+    const std::string value(w.Finish(codec));
+    EXPECT_EQ(value.substr(0, 4), "OGE1");
+    EXPECT_TRUE(IsOpChunk(value));
+    std::vector<uint64_t> aligned((value.size() + 7) / 8 + 1);
+    for (size_t shift : {size_t{0}, size_t{5}}) {
+      char* p = reinterpret_cast<char*>(aligned.data()) + shift;
+      std::memcpy(p, value.data(), value.size());
+      const std::string_view at(p, value.size());
+      OpChunkView view;
+      ASSERT_EQ(view.OpenCores(last, at), OpChunkView::Cores::kRead) << static_cast<int>(codec);
+      EXPECT_EQ(view.cores(), cores);
+      ASSERT_TRUE(view.Open(last, at));
+      ASSERT_EQ(view.size(), records.size());
+      for (size_t i = 0; i < records.size(); ++i) EXPECT_EQ(view.record(i), records[i]);
+    }
+    OpChunkView view;
+    EXPECT_EQ(view.OpenCores(last - 1, value), OpChunkView::Cores::kDamaged);  // wrong key
+    std::string bad_block = value;
+    bad_block[8] = static_cast<char>(bad_block[8] + 8);  // block size past the cores
+    EXPECT_EQ(view.OpenCores(last, bad_block), OpChunkView::Cores::kDamaged);
+    std::string bad_count = value;
+    bad_count[20] = static_cast<char>(bad_count[20] + 1);  // count no longer the raw size's
+    EXPECT_EQ(view.OpenCores(last, bad_count), OpChunkView::Cores::kDamaged);
+    EXPECT_EQ(view.OpenCores(last, value.substr(0, 40)), OpChunkView::Cores::kDamaged);
+    std::string other_version = value;
+    other_version[4] = static_cast<char>(aligner::kOpEventCoreVersion + 1);
+    EXPECT_EQ(view.OpenCores(last, other_version), OpChunkView::Cores::kAbsent);
+    EXPECT_TRUE(view.Open(last, other_version));  // the records still read
+
+    // A chunk some of whose records have no core is stored without cores.
+    w.Clear();
+    w.Add(1, reinterpret_cast<const uint8_t*>(records[0].data()), records[0].size());
+    w.AddCore(cores[0]);
+    w.Add(2, reinterpret_cast<const uint8_t*>(records[1].data()), records[1].size());
+    const std::string partial(w.Finish(codec));
+    EXPECT_NE(partial.substr(0, 4), "OGE1");
+    EXPECT_EQ(view.OpenCores(2, partial), OpChunkView::Cores::kAbsent);
+    EXPECT_TRUE(view.Open(2, partial));
+  }
+}
+
 }  // namespace
 }  // namespace opguard::daemon

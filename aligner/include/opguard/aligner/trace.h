@@ -121,8 +121,31 @@ struct OpEvent {
 // function, which they do because the aligner computes both.
 // `boundary` (non-zero) stands in for d.site in the structural key: the
 // daemon passes the site's BoundaryId so that keys survive line shifts.
+// MakeOpEvent(d, b) == ToOpEvent(MakeOpEventCore(d), b), bit for bit.
 OpEvent MakeOpEvent(const OpDetail& d, uint64_t boundary = 0);
 uint64_t StructuralKey(const OpDetail& d, uint64_t boundary = 0);
+
+// The part of an OpEvent that depends on the record alone: everything but
+// the site's share of the structural key, which needs the run's sources
+// (BoundaryId) and so is added when a query reads the trace. A daemon
+// computes it once when the record arrives and stores it next to the record
+// (docs/storage.md), so a query need not decode and hash every record.
+struct OpEventCore {
+  uint64_t op_index = 0;
+  uint64_t step = 0;
+  uint64_t name = 0;
+  uint64_t site = 0;
+  uint64_t siteless_key = 0;  // structural key without the site
+  Fp128 outputs;
+  Fp128 inputs;
+  uint32_t flags = 0;  // OpEvent::kNondeterministic | kReplicated
+  friend bool operator==(const OpEventCore&, const OpEventCore&) = default;
+};
+// Stored cores carry this number: a binary whose hashing differs (a new
+// number) recomputes them from the records instead of trusting them.
+inline constexpr uint32_t kOpEventCoreVersion = 1;
+OpEventCore MakeOpEventCore(const OpDetail& d);
+OpEvent ToOpEvent(const OpEventCore& core, uint64_t boundary = 0);
 
 // Line-shift-tolerant identity of a call site: the file's base name, the
 // function and the text of the source line (trimmed), not the path and line
