@@ -279,6 +279,56 @@ TEST_F(DiskTest, AtStorageMaxBytesIngestWaitsAndResumesAfterRm) {
   EXPECT_EQ(d->Stop(), 0);
 }
 
+// `opguard status` says that ingest is paused for disk space, why, and
+// since when (text and --json), and stops saying it once rm gave the
+// space back.
+TEST_F(DiskTest, StatusShowsAPauseForDiskSpaceWithItsReasonAndStart) {
+  auto& d = StartDaemon(dir_.path(), {"--storage.max-bytes", "2MiB", "--storage.write-buffer-bytes",
+                                      "1MiB", "--storage.reserved-bytes", "0"});
+  ASSERT_TRUE(d.Running());
+  const std::string status = std::string(OPGUARD_CLI_PATH) + " status --daemon " + d.query();
+  auto json_status = [&] {
+    auto r = testing::RunCommand(status + " --json", 20);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return nlohmann::json::parse(r.output, nullptr, false);
+  };
+  auto before = json_status();
+  ASSERT_TRUE(before.contains("ingest_paused")) << before.dump();
+  EXPECT_TRUE(before["ingest_paused"].empty()) << before.dump();
+
+  const auto t0 = std::chrono::system_clock::now();
+  {
+    BackgroundSender big(d, "big", 2, 5000);
+    ASSERT_TRUE(WaitFor([&] { return big.sender.retried() > 0; }, 60s))
+        << "the daemon never answered 'retry later' (" << big.sender.acked().size()
+        << " batches acked)";
+  }
+  const auto paused = json_status();
+  ASSERT_EQ(paused["ingest_paused"].size(), 1u) << paused.dump();
+  const auto& pause = paused["ingest_paused"][0];
+  EXPECT_EQ(pause["cause"], "disk_space");
+  EXPECT_NE(pause["reason"].get<std::string>().find("storage.max_bytes"), std::string::npos)
+      << pause.dump();
+  const auto since = std::chrono::system_clock::time_point(
+      std::chrono::duration_cast<std::chrono::system_clock::duration>(
+          std::chrono::nanoseconds(pause["since_ns"].get<int64_t>())));
+  EXPECT_GE(since, t0 - 1s);
+  EXPECT_LE(since, std::chrono::system_clock::now());
+  auto text = testing::RunCommand(status, 20);
+  EXPECT_EQ(text.exit_code, 0) << text.output;
+  EXPECT_NE(text.output.find("paused    for disk space since "), std::string::npos) << text.output;
+  EXPECT_NE(text.output.find("storage.max_bytes"), std::string::npos) << text.output;
+
+  DaemonClient client(d.query(), 60s);
+  Status rm = client.DeleteRun("big");
+  ASSERT_TRUE(rm.ok()) << rm.message();
+  ASSERT_TRUE(WaitFor([&] { return json_status()["ingest_paused"].empty(); }, 30s))
+      << json_status().dump();
+  text = testing::RunCommand(status, 20);
+  EXPECT_EQ(text.output.find("paused"), std::string::npos) << text.output;
+  EXPECT_EQ(d.Stop(), 0);
+}
+
 // A file system another program filled to the last byte: the daemon answers
 // "retry later" (it does not let RocksDB write into it), keeps serving
 // queries, and takes records again by itself once space is freed. Then a
