@@ -67,6 +67,18 @@ int StatusMain(const DaemonArgs& args) {
               static_cast<unsigned long long>(s->records_ingested()),
               static_cast<unsigned long long>(s->batches_rejected()));
   std::printf("  ingest    %s\n", Str(s->ingest()).c_str());
+  if (s->ingest_paused()) {
+    const auto now_s = static_cast<uint64_t>(std::time(nullptr));
+    for (const auto* p : *s->ingest_paused()) {
+      const uint64_t since_s = p->since_ns() / 1000000000ull;
+      std::printf(
+          "  paused    %s since %s (%llu s): %s\n",
+          Str(p->cause()) == "disk_space" ? "for disk space" : "at the in-flight byte budget",
+          FormatTime(p->since_ns()).c_str(),
+          static_cast<unsigned long long>(now_s > since_s ? now_s - since_s : 0),
+          Str(p->reason()).c_str());
+    }
+  }
   std::printf("  queries   %s\n", Str(s->listen()).c_str());
   std::printf("  http      %s\n", s->http() && s->http()->size() ? s->http()->c_str() : "off");
   if (s->peers() && s->peers()->size()) {

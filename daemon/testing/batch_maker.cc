@@ -459,6 +459,21 @@ double ProcessCpuSeconds(pid_t pid) {
 
 // ---- HTTP / commands -----------------------------------------------------------------
 
+int ConnectTcp(const std::string& host_port) {
+  const auto colon = host_port.rfind(':');
+  if (colon == std::string::npos) return -1;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(std::stoi(host_port.substr(colon + 1))));
+  ::inet_pton(AF_INET, host_port.substr(0, colon).c_str(), &addr.sin_addr);
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
 Result<HttpResult> HttpGet(const std::string& host_port, const std::string& target,
                            std::chrono::milliseconds timeout, const std::string& extra_headers,
                            const std::string& from) {

@@ -3,8 +3,6 @@
 // (Boost.Beast's parser, the session's keep-alive loop, the router, the
 // aligner workers for diffs). Property: the server answers or closes the
 // connection within the deadline and keeps accepting; nothing crashes.
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -14,29 +12,18 @@
 #include <string>
 
 #include "fuzz_daemon.h"
+#include "opguard/daemon/testing/batch_maker.h"
 
 namespace {
 
 using opguard::daemon::fuzz::Fail;
 
-int Connect(const std::string& host_port) {
-  const auto colon = host_port.rfind(':');
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(std::stoi(host_port.substr(colon + 1))));
-  ::inet_pton(AF_INET, host_port.substr(0, colon).c_str(), &addr.sin_addr);
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    Fail("cannot connect to the HTTP server at " + host_port);
-  }
-  return fd;
-}
-
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static opguard::daemon::fuzz::FuzzDaemon daemon;
-  const int fd = Connect(daemon.http_address());
+  const int fd = opguard::daemon::testing::ConnectTcp(daemon.http_address());
+  if (fd < 0) Fail("cannot connect to the HTTP server at " + daemon.http_address());
   // Send everything, then half-close: the server sees the request end.
   size_t sent = 0;
   while (sent < size) {

@@ -22,6 +22,13 @@ nlohmann::json StatusJson(const wire::StatusAnswer& a) {
   if (a.peers()) {
     for (const auto* p : *a.peers()) peers.push_back(p->str());
   }
+  nlohmann::json paused = nlohmann::json::array();
+  if (a.ingest_paused()) {
+    for (const auto* p : *a.ingest_paused()) {
+      paused.push_back(nlohmann::json{
+          {"cause", Str(p->cause())}, {"reason", Str(p->reason())}, {"since_ns", p->since_ns()}});
+    }
+  }
   return {{"version", Str(a.version())},
           {"node", Str(a.node())},
           {"data_dir", Str(a.data_dir())},
@@ -34,7 +41,8 @@ nlohmann::json StatusJson(const wire::StatusAnswer& a) {
           {"ingest", Str(a.ingest())},
           {"listen", Str(a.listen())},
           {"peers", peers},
-          {"healthy", a.healthy()}};
+          {"healthy", a.healthy()},
+          {"ingest_paused", paused}};
 }
 
 nlohmann::json RunJson(const wire::RunSummary& run) {

@@ -312,6 +312,18 @@ void Ingest::ReceiverLoop() {
             static_cast<uint64_t>((now - paused_since_ns_) / 1000), std::memory_order_relaxed);
       }
       paused_since_ns_ = full ? now : 0;
+      std::lock_guard<std::mutex> lock(pauses_mu_);
+      budget_pause_ = {};
+      if (full) {
+        budget_pause_ = {
+            "inflight_budget",
+            std::to_string(open_->bytes + committing_bytes_) +
+                " bytes received and not yet durable reach ingest.max_inflight_bytes (" +
+                std::to_string(config_.max_inflight_bytes) +
+                ") or a commit group ingest.max_group_bytes (" +
+                std::to_string(config_.max_group_bytes) + "); reading waits for the store",
+            static_cast<int64_t>(WallNs())};
+      }
     }
     zmq::pollitem_t items[2] = {{nullptr, wake_fd_, ZMQ_POLLIN, 0},
                                 {static_cast<void*>(*socket_), 0, ZMQ_POLLIN, 0}};
@@ -495,7 +507,26 @@ void Ingest::CheckSpace(int64_t now_ns, bool force) {
     }
   }
   metrics_->read_only.store(why.empty() ? 0 : 1, std::memory_order_relaxed);
+  {
+    std::lock_guard<std::mutex> lock(pauses_mu_);
+    if (why.empty()) {
+      space_pause_ = {};
+    } else {
+      if (space_pause_.cause.empty())
+        space_pause_ = {"disk_space", "", static_cast<int64_t>(WallNs())};
+      space_pause_.reason = why;  // its figures change while it lasts
+    }
+  }
   full_reason_ = std::move(why);
+}
+
+std::vector<IngestPause> Ingest::Pauses() const {
+  std::lock_guard<std::mutex> lock(pauses_mu_);
+  std::vector<IngestPause> pauses;
+  for (const IngestPause* p : {&space_pause_, &budget_pause_}) {
+    if (!p->cause.empty()) pauses.push_back(*p);
+  }
+  return pauses;
 }
 
 void Ingest::RollBack(Group* failed) {

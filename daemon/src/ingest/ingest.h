@@ -80,6 +80,8 @@ class Ingest final : public RunWriter {
   // Any thread. A store write failed: the daemon must exit (and be restarted);
   // nothing after the failure was acknowledged.
   bool Failed() const override { return failed_.load(); }
+  // Any thread. Set by the receiver thread when a pause begins or ends.
+  std::vector<IngestPause> Pauses() const override;
 
   // Called on the receiver thread after a run's deletion is durable.
   void SetOnRunDeleted(std::function<void(uint64_t run_id)> fn) { on_run_deleted_ = std::move(fn); }
@@ -161,6 +163,10 @@ class Ingest final : public RunWriter {
   std::unique_ptr<Group> to_commit_;
   std::deque<std::unique_ptr<Group>> committed_;
   bool committer_stop_ = false;
+
+  // What Pauses() answers: the receiver sets, any thread reads.
+  mutable std::mutex pauses_mu_;
+  IngestPause space_pause_, budget_pause_;  // empty cause: not paused
 
   // Requests from other threads.
   std::mutex requests_mu_;

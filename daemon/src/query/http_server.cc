@@ -176,6 +176,13 @@ class Session : public std::enable_shared_from_this<Session> {
   // query, so an abandoned request stops at its next check point instead of
   // holding a worker. Bytes a client sends meanwhile (a pipelined request)
   // go to buffer_ for the next Read; past 64 KiB of them watching stops.
+  //
+  // End of stream may also be a client that half-closed after its request
+  // and still reads: the answer (a cancelled query's error, or the result
+  // when it was ready first) is still written, then the connection closes.
+  // It cannot be read again: Asio reports an end of stream once and then
+  // waits for readiness the socket never signals again, so a next Read
+  // would sit until the idle timeout.
   void WatchForHangUp(std::shared_ptr<CancelToken> token) {
     watching_ = true;
     stream_.async_read_some(asio::buffer(watch_buffer_),
@@ -186,10 +193,10 @@ class Session : public std::enable_shared_from_this<Session> {
         std::memcpy(room.data(), self->watch_buffer_.data(), n);
         self->buffer_.commit(n);
       }
+      if (ec && ec != asio::error::operation_aborted) self->client_done_ = true;
       if (self->answer_) {  // Answered() cancelled the watch to write
         HttpResponse r = std::move(*self->answer_);
         self->answer_.reset();
-        if (ec && ec != asio::error::operation_aborted) return self->Close();
         return self->Write(std::move(r));
       }
       if (ec) return token->Cancel(CancelToken::Reason::kClientGone);
@@ -234,7 +241,10 @@ class Session : public std::enable_shared_from_this<Session> {
     if (r.status == 401) res->set(http::field::www_authenticate, "Bearer");
     if (set_cookie_) res->set(http::field::set_cookie, TokenCookie(*token_));
     set_cookie_ = false;
-    res->keep_alive(req.keep_alive());
+    // After the client's end of stream nothing more can be read: the
+    // answer says the connection closes (requests pipelined behind this one
+    // are not answered; an HTTP/1.1 client sends them again).
+    res->keep_alive(req.keep_alive() && !client_done_);
     res->body() = std::move(r.body);
     res->prepare_payload();
     response_ = res;
@@ -254,6 +264,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::optional<http::request_parser<http::string_body>> parser_;
   std::array<char, 4096> watch_buffer_;
   bool watching_ = false;               // WatchForHangUp's read is pending
+  bool client_done_ = false;            // that read met the client's end of stream
   std::optional<HttpResponse> answer_;  // waits for that read to end
   std::shared_ptr<void> response_;
   QueryService* service_;

@@ -461,12 +461,19 @@ flatbuffers::Offset<wire::StatusAnswer> QueryService::StatusAnswer(flatbuffers::
                           .count();
   std::vector<flatbuffers::Offset<flatbuffers::String>> peers;
   for (const auto& p : config_.peers) peers.push_back(b.CreateString(p));
-  return wire::CreateStatusAnswer(
-      b, b.CreateString(OPGUARD_VERSION), b.CreateString(Hostname()), b.CreateString(config_.data_dir),
-      static_cast<uint64_t>(uptime), static_cast<uint64_t>(registry_->Count()),
-      metrics_->ops.load() + metrics_->collectives.load(), metrics_->RejectedTotal(), store_->DiskBytes(),
-      b.CreateString(http), b.CreateString(config_.ingest), b.CreateString(config_.listen),
-      b.CreateVector(peers), !writer_->Failed());
+  std::vector<flatbuffers::Offset<wire::IngestPause>> pauses;
+  for (const auto& p : writer_->Pauses()) {
+    pauses.push_back(wire::CreateIngestPause(b, b.CreateString(p.cause), b.CreateString(p.reason),
+                                             static_cast<uint64_t>(p.since_unix_ns)));
+  }
+  return wire::CreateStatusAnswer(b, b.CreateString(OPGUARD_VERSION), b.CreateString(Hostname()),
+                                  b.CreateString(config_.data_dir), static_cast<uint64_t>(uptime),
+                                  static_cast<uint64_t>(registry_->Count()),
+                                  metrics_->ops.load() + metrics_->collectives.load(),
+                                  metrics_->RejectedTotal(), store_->DiskBytes(),
+                                  b.CreateString(http), b.CreateString(config_.ingest),
+                                  b.CreateString(config_.listen), b.CreateVector(peers),
+                                  !writer_->Failed(), b.CreateVector(pauses));
 }
 
 nlohmann::json QueryService::RunJson(const RunState& run) const {

@@ -54,6 +54,17 @@ class RunRegistry {
   std::map<std::string, RunState> runs_;
 };
 
+// Why ingest holds senders' batches back now (`opguard status`).
+struct IngestPause {
+  // "disk_space": the store refuses new records (batches are answered
+  // "retry later"); "inflight_budget": ingest.max_inflight_bytes (or a full
+  // commit group) is received and not yet durable, so the daemon stops
+  // reading until the store catches up.
+  std::string cause;
+  std::string reason;         // one line
+  int64_t since_unix_ns = 0;  // when the pause began (wall clock)
+};
+
 class RunWriter {
  public:
   virtual ~RunWriter() = default;
@@ -63,6 +74,8 @@ class RunWriter {
   // Any thread. A store write failed: the registry no longer follows what
   // senders send (the daemon exits and is restarted).
   virtual bool Failed() const = 0;
+  // Any thread. The pauses in force now (empty: batches are taken).
+  virtual std::vector<IngestPause> Pauses() const = 0;
 };
 
 }  // namespace opguard::daemon

@@ -423,6 +423,32 @@ void Store::CompactRun(uint64_t run_id) {
   // those referenced from the compacted key range), so those files can go.
   options.blob_garbage_collection_policy = rocksdb::BlobGarbageCollectionPolicy::kForce;
   options.blob_garbage_collection_age_cutoff = 1.0;
+  // RocksDB must not meet a full disk here: a blob file whose write failed
+  // is flushed again when the compaction gives it up, and Debian's RocksDB
+  // (built with assertions) aborts the daemon there. The compaction writes
+  // at most the memtables, the SST files it reads and, relocating, the live
+  // blobs; without room for the blobs it only drops the run's keys (a blob
+  // file that held nothing else goes too), without room for the rest it
+  // waits for a later deletion.
+  uint64_t sst_bytes = 0;
+  std::vector<rocksdb::LiveFileMetaData> files;
+  db_->GetLiveFilesMetaData(&files);
+  for (const auto& f : files) {
+    if (f.largestkey >= begin && f.smallestkey < end) sst_bytes += f.size;
+  }
+  const uint64_t free = FreeBytes(), rewrite = FlushBytes() + sst_bytes;
+  const uint64_t blobs = IntProperty("rocksdb.live-blob-file-size");
+  if (free < rewrite) {
+    OPGUARD_LOG(LogLevel::kWarn, "store: not compacting the deleted run now (" + MiB(free) +
+                                     " free, its compaction may write " + MiB(rewrite) +
+                                     "); its space comes back with a later deletion");
+    return;
+  }
+  if (free < rewrite + blobs) {
+    OPGUARD_LOG(LogLevel::kWarn, "store: compacting the deleted run without moving shared blobs (" +
+                                     MiB(free) + " free, the live blobs are " + MiB(blobs) + ")");
+    options.blob_garbage_collection_policy = rocksdb::BlobGarbageCollectionPolicy::kDisable;
+  }
   for (Cf c : {Cf::kOps, Cf::kCollectives, Cf::kStrings, Cf::kSources, Cf::kEvents}) {
     auto s = db_->CompactRange(options, cf(c), &b, &e);
     if (!s.ok()) OPGUARD_LOG(LogLevel::kWarn, "store: compacting deleted run failed: " + s.ToString());

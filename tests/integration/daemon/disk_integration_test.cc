@@ -279,6 +279,56 @@ TEST_F(DiskTest, AtStorageMaxBytesIngestWaitsAndResumesAfterRm) {
   EXPECT_EQ(d->Stop(), 0);
 }
 
+// `opguard status` says that ingest is paused for disk space, why, and
+// since when (text and --json), and stops saying it once rm gave the
+// space back.
+TEST_F(DiskTest, StatusShowsAPauseForDiskSpaceWithItsReasonAndStart) {
+  auto& d = StartDaemon(dir_.path(), {"--storage.max-bytes", "2MiB", "--storage.write-buffer-bytes",
+                                      "1MiB", "--storage.reserved-bytes", "0"});
+  ASSERT_TRUE(d.Running());
+  const std::string status = std::string(OPGUARD_CLI_PATH) + " status --daemon " + d.query();
+  auto json_status = [&] {
+    auto r = testing::RunCommand(status + " --json", 20);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return nlohmann::json::parse(r.output, nullptr, false);
+  };
+  auto before = json_status();
+  ASSERT_TRUE(before.contains("ingest_paused")) << before.dump();
+  EXPECT_TRUE(before["ingest_paused"].empty()) << before.dump();
+
+  const auto t0 = std::chrono::system_clock::now();
+  {
+    BackgroundSender big(d, "big", 2, 5000);
+    ASSERT_TRUE(WaitFor([&] { return big.sender.retried() > 0; }, 60s))
+        << "the daemon never answered 'retry later' (" << big.sender.acked().size()
+        << " batches acked)";
+  }
+  const auto paused = json_status();
+  ASSERT_EQ(paused["ingest_paused"].size(), 1u) << paused.dump();
+  const auto& pause = paused["ingest_paused"][0];
+  EXPECT_EQ(pause["cause"], "disk_space");
+  EXPECT_NE(pause["reason"].get<std::string>().find("storage.max_bytes"), std::string::npos)
+      << pause.dump();
+  const auto since = std::chrono::system_clock::time_point(
+      std::chrono::duration_cast<std::chrono::system_clock::duration>(
+          std::chrono::nanoseconds(pause["since_ns"].get<int64_t>())));
+  EXPECT_GE(since, t0 - 1s);
+  EXPECT_LE(since, std::chrono::system_clock::now());
+  auto text = testing::RunCommand(status, 20);
+  EXPECT_EQ(text.exit_code, 0) << text.output;
+  EXPECT_NE(text.output.find("paused    for disk space since "), std::string::npos) << text.output;
+  EXPECT_NE(text.output.find("storage.max_bytes"), std::string::npos) << text.output;
+
+  DaemonClient client(d.query(), 60s);
+  Status rm = client.DeleteRun("big");
+  ASSERT_TRUE(rm.ok()) << rm.message();
+  ASSERT_TRUE(WaitFor([&] { return json_status()["ingest_paused"].empty(); }, 30s))
+      << json_status().dump();
+  text = testing::RunCommand(status, 20);
+  EXPECT_EQ(text.output.find("paused"), std::string::npos) << text.output;
+  EXPECT_EQ(d.Stop(), 0);
+}
+
 // A file system another program filled to the last byte: the daemon answers
 // "retry later" (it does not let RocksDB write into it), keeps serving
 // queries, and takes records again by itself once space is freed. Then a
@@ -333,6 +383,78 @@ TEST_F(DiskTest, AFullFileSystemPausesIngestAndTheDaemonStillStartsOnIt) {
   ASSERT_TRUE(d->Running());
   EXPECT_EQ(Ack(*d, testing::MakeBatch("other", 0, 3, 0, 0, 10, {})), "durable");
   ExpectAllOps(*d, "late", 400);
+  EXPECT_EQ(d->Stop(), 0);
+}
+
+// `opguard rm` on a nearly full disk (room for the deletion, not for moving
+// the blobs another run shares files with): the compaction after it could
+// move those blobs into a full file system, and a blob file that meets
+// ENOSPC aborts Debian's RocksDB (docs/storage.md). The daemon compacts only
+// what the free space allows (here: without moving blobs), stays up, the run
+// is gone, ingest waits ("retry later") and resumes once space is freed, and
+// no acknowledged record is lost.
+TEST_F(DiskTest, RmOnANearlyFullDiskKeepsTheDaemonUpAndIngestResumes) {
+  std::string why;
+  const std::string dir = MountSmallFileSystem("64m", &why);
+  if (dir.empty()) GTEST_SKIP() << why;
+  const std::vector<std::string> args = {"--storage.reserved-bytes", "16MiB", "--storage.write-buffer-bytes",
+                                         "1MiB", "--storage.memtable-budget-bytes", "8MiB"};
+  auto* d = &StartDaemon(dir, args);
+  ASSERT_TRUE(d->Running());
+  // Two runs recorded at once (the real shim's ranks) share blob files.
+  {
+    auto record = [&](const std::string& run) {
+      auto r = testing::RunCommand(std::string(OPGUARD_LOADGEN_PATH) + " --run " + run +
+                                       " --ranks 2 --ops 40000 --endpoint " + d->ingest() + " --json",
+                                   120);
+      EXPECT_EQ(r.exit_code, 0) << r.output;
+    };
+    JoinedThread other([&] { record("big"); });
+    record("keep");
+  }
+  const auto keep = ReadAll(*d, "keep");
+  ASSERT_EQ(keep.size(), 40000u);
+  // Stopped (it flushes) and started again: the memtables are empty, so the
+  // deletion itself needs little room.
+  EXPECT_EQ(d->Stop(), 0);
+  d = &StartDaemon(dir, args);
+  ASSERT_TRUE(d->Running());
+  // RocksDB's own compactions are done before the disk fills.
+  ASSERT_TRUE(WaitFor([&] { return Metric(*d, "opguard_rocksdb_pending_compaction_bytes") == 0; }, 20s));
+  // Another program leaves room for the deletion (the memtables' flush and
+  // 1 MiB), not for rewriting the blobs the runs share.
+  const double memtables = Metric(*d, "opguard_rocksdb_memtable_bytes");
+  ASSERT_GE(memtables, 0);
+  const std::string filler = dir + "/filler";
+  {
+    const uint64_t total = FillUp(filler);
+    const uint64_t leave = static_cast<uint64_t>(memtables) + (9u << 17);  // + 1.125 MiB
+    ASSERT_GT(total, leave);
+    fs::resize_file(filler, total - leave);
+  }
+  ASSERT_TRUE(WaitFor([&] { return Metric(*d, "opguard_ingest_read_only") == 1; }, 10s));
+  DaemonClient client(d->query(), 60s);
+  Status rm = client.DeleteRun("big");
+  EXPECT_TRUE(rm.ok()) << rm.message() << LogTail(*d);
+  std::this_thread::sleep_for(500ms);  // the compaction runs after the deletion is durable
+  ASSERT_TRUE(d->Running()) << "the daemon died compacting on a nearly full disk" << LogTail(*d);
+  EXPECT_EQ(ReadAll(*d, "keep"), keep);
+  const std::string refused = Ack(*d, testing::MakeBatch("other", 0, 3, 0, 0, 10, {}));
+  EXPECT_EQ(refused.rfind("retry: ", 0), 0u) << refused;
+
+  // A job sending meanwhile keeps its batches; space freed, all arrive.
+  BackgroundSender late(*d, "late", 4, 30);
+  ASSERT_TRUE(WaitFor([&] { return late.sender.retried() > 0; }, 10s));
+  fs::remove(filler);
+  Status st = late.Join();
+  ASSERT_TRUE(st.ok()) << st.message() << LogTail(*d);
+  EXPECT_EQ(Metric(*d, "opguard_ingest_read_only"), 0);
+  ExpectAllOps(*d, "late", 30);
+  EXPECT_EQ(ReadAll(*d, "keep"), keep);
+  EXPECT_EQ(Ack(*d, testing::MakeBatch("other", 0, 3, 0, 0, 10, {})), "durable");
+  auto big = testing::HttpGet(d->http(), "/api/runs/big");
+  ASSERT_TRUE(big.ok()) << big.status().message();
+  EXPECT_EQ(big->status, 404) << big->body;
   EXPECT_EQ(d->Stop(), 0);
 }
 

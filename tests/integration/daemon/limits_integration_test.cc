@@ -5,11 +5,11 @@
 // training jobs' connections of file descriptors.
 //
 // OPGUARDD_UNDER_TEST=PATH runs these against another opguardd build.
-#include <gtest/gtest.h>
-
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -18,9 +18,10 @@
 #include <cstdlib>
 #include <fstream>
 #include <memory>
-#include <thread>
-
 #include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
 #include <zmq.hpp>
 
 #include "opguard/daemon/client.h"
@@ -419,6 +420,109 @@ TEST_F(LimitsTest, AQueryPastItsTimeBudgetStopsWithAClearError) {
   EXPECT_EQ(Metric(*d, "opguard_queries_cancelled_total{reason=\"time_budget\"}"), 2);
   EXPECT_EQ(Metric(*d, "opguard_queries_cancelled_total{reason=\"client_gone\"}"), 0);
   EXPECT_TRUE(client.Status().ok());
+  StopCleanly(*d);
+}
+
+// What a client saw on one HTTP connection: the status of each answer and
+// whether (and after how long) the daemon closed it.
+struct Exchange {
+  std::string bytes;
+  std::vector<int> statuses;
+  bool closed = false;
+  double seconds = 0;
+};
+
+// Reads from `fd` into `*exchange` until the daemon closes, `answers`
+// answers have come (0: wait for the close), or `limit` passes.
+void ReadAnswers(int fd, size_t answers, std::chrono::milliseconds limit, Exchange* exchange) {
+  const auto start = Clock::now(), deadline = start + limit;
+  std::string& bytes = exchange->bytes;
+  char buf[16384];
+  while (answers == 0 || exchange->statuses.size() < answers) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    pollfd p{fd, POLLIN, 0};
+    if (left <= 0 || ::poll(&p, 1, static_cast<int>(left)) <= 0) break;
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) {
+      exchange->closed = true;
+      break;
+    }
+    bytes.append(buf, static_cast<size_t>(n));
+    // Every answer starts with its status line (the bodies are JSON).
+    exchange->statuses.clear();
+    for (size_t at = bytes.find("HTTP/1.1 "); at != std::string::npos;
+         at = bytes.find("HTTP/1.1 ", at + 1)) {
+      if (at + 12 <= bytes.size()) exchange->statuses.push_back(std::stoi(bytes.substr(at + 9, 3)));
+    }
+  }
+  exchange->seconds = std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// A client may half-close its connection once it has sent its request and
+// still read the answer (the HTTP fuzzer does). On a request the aligner
+// answers, the daemon's hang-up watch read that end of stream; the session
+// then either dropped the answer (when it was ready first) or wrote it and
+// waited for another request that could never come: Asio reports an end of
+// stream once, so the next read sat until the 30 s idle timeout. Each such
+// connection now gets its answer and is closed at once.
+TEST_F(LimitsTest, AHalfClosedConnectionGetsItsAnswerAndIsClosed) {
+  auto d = StartDaemon();
+  ASSERT_TRUE(d->Running());
+  const std::string diff =
+      "GET /api/diff?reference=ref&suspect=missing HTTP/1.1\r\nHost: t\r\n\r\n";
+  const std::string status = "GET /api/status HTTP/1.1\r\nHost: t\r\n\r\n";
+
+  // Keep-alive: a watched request answered with an error, then another
+  // request on the same connection, answered at once.
+  {
+    const int fd = testing::ConnectTcp(d->http());
+    ASSERT_GE(fd, 0);
+    Exchange e;
+    ASSERT_EQ(::send(fd, diff.data(), diff.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(diff.size()));
+    ReadAnswers(fd, 1, 5s, &e);
+    ASSERT_EQ(e.statuses, std::vector<int>{404});
+    ASSERT_EQ(::send(fd, status.data(), status.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(status.size()));
+    ReadAnswers(fd, 2, 5s, &e);
+    ::close(fd);
+    EXPECT_EQ(e.statuses, (std::vector<int>{404, 200}));
+    EXPECT_FALSE(e.closed);
+  }
+
+  // Half-closed: the answer and the close, well before the idle timeout.
+  // The query's answer and the watch's end of stream race; many connections
+  // see both orders.
+  int answered = 0, closed_soon = 0;
+  constexpr int kConnections = 60;
+  for (int i = 0; i < kConnections; ++i) {
+    const std::string bytes =
+        i % 2 == 0 ? diff : diff + status;  // odd ones pipeline a second request
+    const int fd = testing::ConnectTcp(d->http());
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(bytes.size()));
+    ::shutdown(fd, SHUT_WR);
+    Exchange e;
+    ReadAnswers(fd, 0, 5s, &e);
+    ::close(fd);
+    answered += !e.statuses.empty();
+    // The diff's own answer, or the error of the query the end of stream
+    // cancelled (the client may have gone).
+    const bool result = !e.statuses.empty() && e.statuses.front() == 404;
+    const bool cancelled = !e.statuses.empty() && e.statuses.front() == 503 &&
+                           e.bytes.find("query cancelled: its client went away") != std::string::npos;
+    EXPECT_TRUE(result || cancelled) << e.bytes;
+    closed_soon += e.closed;
+    EXPECT_TRUE(e.closed) << "connection " << i << " still open after " << e.seconds << " s";
+  }
+  EXPECT_EQ(answered, kConnections) << "half-closed connections whose diff was not answered";
+  EXPECT_EQ(closed_soon, kConnections);
+  // The daemon serves on.
+  auto r = testing::HttpGet(d->http(), "/api/status", 5s);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->status, 200);
   StopCleanly(*d);
 }
 

@@ -8,10 +8,11 @@
 namespace opguard::wire {
 
 inline constexpr uint16_t kSchemaMajor = 1;
-inline constexpr uint16_t kSchemaMinor = 6;  // 1: aligner queries; 2: OpRecord.replicated;
+inline constexpr uint16_t kSchemaMinor = 7;  // 1: aligner queries; 2: OpRecord.replicated;
                                              // 3: CollectivesAnswer.groups;
                                              // 4: full run and status summaries;
                                              // 5: the JSON API across nodes;
-                                             // 6: AckCode.Retry
+                                             // 6: AckCode.Retry;
+                                             // 7: StatusAnswer.ingest_paused
 
 }  // namespace opguard::wire

@@ -141,6 +141,9 @@ class DaemonProcess {
 // on a shared machine steadier than wall time.
 double ProcessCpuSeconds(pid_t pid);
 
+// A blocking TCP connection to "IPv4:PORT"; -1 when it cannot connect.
+int ConnectTcp(const std::string& host_port);
+
 // Minimal blocking HTTP GET against HOST:PORT; returns status, the header
 // lines and body. `extra_headers`: "Name: value\r\n" lines to send;
 // `from`: the local IPv4 address to connect from ("" : any).
