@@ -109,7 +109,10 @@ namespace {
 // back (a bit flipped in one replica's reduced gradient between the
 // all-reduce and the optimizer: the op read corrupted inputs, it did not
 // compute wrongly). The cache assumes bytes change only with the version.
-void CollectInputs(c10::ArrayRef<c10::IValue> inputs, OpContext& ctx, ThreadState& ts) {
+// `Values`: what RecordFunction::inputs() returns (an ArrayRef of const
+// IValues in torch 1.13, of IValues in 2.x), or a region's IValues.
+template <typename Values>
+void CollectInputs(const Values& inputs, OpContext& ctx, ThreadState& ts) {
   ctx.inputs.reserve(inputs.size());
   for (const c10::IValue& v : inputs) {
     opguard_value value;
