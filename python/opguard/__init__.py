@@ -90,7 +90,7 @@ def enable(depth=None):
         if _helper_of_recorder():
             return False
         import torch  # noqa: F401  (the adapter needs torch's libraries loaded)
-        from . import _autograd, _collectives, _data, _determinism
+        from . import _autograd, _collectives, _compiled, _data, _determinism
         shim, adapter = _load()
         depth = depth or os.environ.get("OPGUARD_DEPTH", "top")
         if depth not in ("top", "all"):
@@ -103,6 +103,7 @@ def enable(depth=None):
         _collectives.install(shim, adapter)
         _data.install(adapter)
         _autograd.install(adapter)
+        _compiled.install(enabled)
         shim.opguard_set_run_info(1, b"", b"pytorch")
         shim.opguard_set_run_info(3, b"torch", torch.__version__.encode())
         shim.opguard_set_run_info(3, b"python", sys.version.split()[0].encode())

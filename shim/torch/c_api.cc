@@ -16,6 +16,7 @@
 #include "adapter_state.h"
 #include "collective_kinds.h"
 #include "collectives.h"
+#include "compiled_regions.h"
 #include "op_observer.h"
 #include "opguard/shim.h"
 #include "python_frames.h"
@@ -65,6 +66,7 @@ int opguard_torch_enable(int all_depths, const char* skip_prefixes) {
     g_adapter.all_depths.store(all_depths != 0);
     if (!g_adapter.registered.load()) {
       RegisterCollectiveOps();
+      RegisterCompiledRegionOps();
       // A forked child (a DataLoader worker) records nothing: the shim turns
       // itself off there, and the callbacks must not go on hashing every op
       // for records that go nowhere.

@@ -109,8 +109,10 @@ namespace {
 // back (a bit flipped in one replica's reduced gradient between the
 // all-reduce and the optimizer: the op read corrupted inputs, it did not
 // compute wrongly). The cache assumes bytes change only with the version.
-void CollectInputs(const at::RecordFunction& fn, OpContext& ctx, ThreadState& ts) {
-  auto inputs = fn.inputs();
+// `Values`: what RecordFunction::inputs() returns (an ArrayRef of const
+// IValues in torch 1.13, of IValues in 2.x), or a region's IValues.
+template <typename Values>
+void CollectInputs(const Values& inputs, OpContext& ctx, ThreadState& ts) {
   ctx.inputs.reserve(inputs.size());
   for (const c10::IValue& v : inputs) {
     opguard_value value;
@@ -211,22 +213,20 @@ void MarkUnversionedMemory(const at::RecordFunction& fn, const OpContext& ctx, T
   }
 }
 
-// Whether the op made a tensor that holds no data: on the meta device, or a
-// FakeTensor (meta storage behind another device). DTensor computes its
-// outputs' shapes so, under FakeTensorMode, the first time it meets an op;
-// nothing is computed, so it is not an op (nor a gap).
+// Whether the op works on tensors that hold no data (HoldsNoData: meta,
+// FakeTensors, functionalization wrappers): DTensor computes its outputs'
+// shapes so, under FakeTensorMode, the first time it meets an op, and
+// torch.compile traces its graphs so. Nothing is computed: it is not an op
+// (nor a gap).
 bool ComputesNothing(const at::RecordFunction& fn) {
-  for (const c10::IValue& v : fn.outputs()) {
-    if (!v.isTensor() || !v.toTensor().defined()) continue;
-    const at::Tensor& t = v.toTensor();
-    if (t.is_meta() || (t.has_storage() && t.storage().device().is_meta())) return true;
-  }
-  return false;
+  auto no_data = [](const c10::IValue& v) { return v.isTensor() && HoldsNoData(v.toTensor()); };
+  return std::any_of(fn.outputs().begin(), fn.outputs().end(), no_data) ||
+         std::any_of(fn.inputs().begin(), fn.inputs().end(), no_data);
 }
 
-bool CollectOutputs(const at::RecordFunction& fn, OpContext& ctx, ThreadState& ts) {
-  const bool allocates = HasUninitialisedOutput(fn.name());
-  for (const c10::IValue& v : fn.outputs()) {
+bool CollectOutputs(c10::ArrayRef<c10::IValue> outputs, bool allocates, OpContext& ctx,
+                    ThreadState& ts) {
+  for (const c10::IValue& v : outputs) {
     if (v.isTensor()) {
       const at::Tensor& t = v.toTensor();
       if (!t.defined()) continue;
@@ -348,6 +348,18 @@ bool IsOptimizerStep(const at::RecordFunction& fn) {
   return std::strncmp(fn.name(), "Optimizer.step#", 15) == 0;
 }
 
+// AOTAutograd runs a compiled graph's backward in one autograd node.
+constexpr std::string_view kCompiledBackward = "CompiledFunctionBackward";
+
+// Whether this thread runs code torch.compile made: inside a compiled region
+// (compiled_regions.h) or the compiled backward's node. Its fused kernels
+// run outside the dispatcher and write memory without bumping version
+// counters, so fingerprints cached before or inside it may be stale.
+bool InCompiledCode(const ThreadState& ts) {
+  return ts.compiled_regions > 0 ||
+         (ts.backward_nodes > 0 && !ts.nodes.empty() && ts.nodes.back().text == kCompiledBackward);
+}
+
 
 // Names and sites an op run inside an autograd node. Ops of the engine's own
 // nodes carry the node ("aten::mm [AddmmBackward0]") and the call site of
@@ -358,14 +370,14 @@ bool IsOptimizerStep(const at::RecordFunction& fn) {
 // torch.utils.checkpoint, hand-written recompute), whose own autograd nodes
 // map back to them. An op that has no site otherwise takes the user's frame
 // on the training thread (the backward() call), never none.
-void NameBackwardOp(const at::RecordFunction& fn, OpContext& ctx, ThreadState& ts) {
+void NameBackwardOp(const char* name, OpContext& ctx, ThreadState& ts) {
   const NodeName& node = ts.nodes.back();
   const bool python = !ts.python_regions.empty() &&
                       static_cast<int>(ts.nodes.size()) == ts.python_regions.back();
   const bool recompute = python && at::GradMode::is_enabled();
   static const NodeName kRecompute{"recompute", std::hash<std::string_view>()("recompute")};
   const NodeName& tag = recompute ? kRecompute : node;
-  ctx.name = ts.names.GetBackward(fn.name(), tag.text, tag.hash);
+  ctx.name = ts.names.GetBackward(name, tag.text, tag.hash);
   ctx.seq_nr = ts.node_seq;
   const uint64_t forward_site = ts.node_seq >= 0 ? g_forward_sites->Lookup(ts.node_seq) : 0;
   if (python) {
@@ -437,6 +449,36 @@ void DiscardKernels(const OpContext* ctx) {
   if (ctx != nullptr && ctx->kernels_key != 0) opguard_kernels_discard(ctx->kernels_key);
 }
 
+// Records the op `ctx` holds (its inputs and outputs collected) in `lane`;
+// its autograd nodes map back to its call site.
+void RecordOp(OpContext& ctx, uint32_t lane) {
+  if (ctx.seq_begin >= 0) g_forward_sites->Add(ctx.seq_begin, PeekSequenceNumber(), ctx.site);
+  ctx.Resolve();
+  opguard_op op;
+  std::memset(&op, 0, sizeof(op));
+  op.struct_size = sizeof(op);
+  op.lane = lane;
+  op.op_index = OPGUARD_AUTO;
+  op.name = ctx.name;
+  op.site = ctx.site;
+  op.forward_site = ctx.forward_site;
+  op.flags = ctx.backward ? OPGUARD_OP_BACKWARD : 0;
+  if (ctx.uninitialised_output) op.flags |= OPGUARD_OP_NONDETERMINISTIC;
+  if (ctx.replicated) op.flags |= OPGUARD_OP_REPLICATED;
+  if (ctx.seq_nr >= 0) {
+    op.seq_nr = ctx.seq_nr;
+    op.flags |= OPGUARD_OP_HAS_SEQ_NR;
+  }
+  op.num_inputs = static_cast<uint32_t>(ctx.inputs.size());
+  op.inputs = ctx.inputs.data();
+  op.num_outputs = static_cast<uint32_t>(ctx.outputs.size());
+  op.outputs = ctx.outputs.data();
+  op.start_ns = ctx.start_ns;
+  op.duration_ns = NowNs() - ctx.start_ns;
+  op.kernels_key = ctx.kernels_key;
+  opguard_record_op(&op, nullptr);
+}
+
 std::unique_ptr<at::ObserverContext> OnFunctionStart(const at::RecordFunction& fn, ThreadState& ts) {
   if (IsEngineWrapper(fn)) return nullptr;
   if (IsAutogradFunction(fn)) return AutogradFunctionStart(ts);
@@ -477,8 +519,16 @@ std::unique_ptr<at::ObserverContext> OnFunctionStart(const at::RecordFunction& f
   // collective's internals, shown by its Completed record.
   if (ts.callback_lanes.empty() && IsBackendThread(ts)) return nullptr;
   bool in_backward = ts.backward_nodes > 0 && !ts.nodes.empty();
-  if (depth != 0 && !g_adapter.all_depths.load(std::memory_order_relaxed)) return nullptr;
+  const bool all_depths = g_adapter.all_depths.load(std::memory_order_relaxed);
+  if (depth != 0 && !all_depths) return nullptr;
   if (ts.unrecorded_regions > 0) return nullptr;
+  if (InCompiledCode(ts)) {
+    // The compiled backward is nested in its node as a region's graph is in
+    // the region; at any depth, the fused kernels may have written this op's
+    // inputs without a version bump: none comes from the cache.
+    if (!all_depths) return nullptr;
+    ts.cache.Clear();
+  }
   if (AwaitingUpdate() && IsInPlace(fn.name()) && !fn.inputs().empty()) {
     InPlaceWrite(fn.inputs()[0]);
   }
@@ -488,13 +538,13 @@ std::unique_ptr<at::ObserverContext> OnFunctionStart(const at::RecordFunction& f
   ctx->backward = in_backward;
   ctx->replicated = ts.optimizer_steps > 0 || ts.replicated_regions > 0;
   if (in_backward) {
-    NameBackwardOp(fn, *ctx, ts);
+    NameBackwardOp(fn.name(), *ctx, ts);
   } else {
     ctx->name = ts.names.Get(fn.name());
     ctx->site = FindUserSite().site;
     ctx->seq_begin = PeekSequenceNumber();
   }
-  CollectInputs(fn, *ctx, ts);
+  CollectInputs(fn.inputs(), *ctx, ts);
   if (ts.subclass_dispatches > 0) {
     ctx->in_subclass_dispatch = true;
     for (const c10::IValue& v : fn.inputs()) {
@@ -582,37 +632,14 @@ void OnFunctionEnd(const at::RecordFunction& fn, OpContext* ctx, ThreadState& ts
   }
   uint32_t lane = LaneOf(ts);
   if (ctx->in_subclass_dispatch) MarkUnversionedMemory(fn, *ctx, ts);
-  if (ctx->unfingerprintable || !CollectOutputs(fn, *ctx, ts)) {
+  if (ctx->unfingerprintable ||
+      !CollectOutputs(fn.outputs(), HasUninitialisedOutput(fn.name()), *ctx, ts)) {
     DiscardKernels(ctx);
     if (ComputesNothing(fn)) return;  // not an op, nor a gap
     opguard_report_gap(lane, 1, "tensor without host bytes (device, sparse or quantized)", nullptr);
     return;
   }
-  if (ctx->seq_begin >= 0) g_forward_sites->Add(ctx->seq_begin, PeekSequenceNumber(), ctx->site);
-  ctx->Resolve();
-  opguard_op op;
-  std::memset(&op, 0, sizeof(op));
-  op.struct_size = sizeof(op);
-  op.lane = lane;
-  op.op_index = OPGUARD_AUTO;
-  op.name = ctx->name;
-  op.site = ctx->site;
-  op.forward_site = ctx->forward_site;
-  op.flags = ctx->backward ? OPGUARD_OP_BACKWARD : 0;
-  if (ctx->uninitialised_output) op.flags |= OPGUARD_OP_NONDETERMINISTIC;
-  if (ctx->replicated) op.flags |= OPGUARD_OP_REPLICATED;
-  if (ctx->seq_nr >= 0) {
-    op.seq_nr = ctx->seq_nr;
-    op.flags |= OPGUARD_OP_HAS_SEQ_NR;
-  }
-  op.num_inputs = static_cast<uint32_t>(ctx->inputs.size());
-  op.inputs = ctx->inputs.data();
-  op.num_outputs = static_cast<uint32_t>(ctx->outputs.size());
-  op.outputs = ctx->outputs.data();
-  op.start_ns = ctx->start_ns;
-  op.duration_ns = NowNs() - ctx->start_ns;
-  op.kernels_key = ctx->kernels_key;
-  opguard_record_op(&op, nullptr);
+  RecordOp(*ctx, lane);
 }
 
 std::unique_ptr<at::ObserverContext> OnStart(const at::RecordFunction& fn) {
@@ -654,6 +681,8 @@ void OnEnd(const at::RecordFunction& fn, at::ObserverContext* raw) {
       case at::RecordScope::BACKWARD_FUNCTION:
         if (ts.backward_nodes > 0) --ts.backward_nodes;
         if (ts.backward_nodes == 0) ts.node_seq = -1;
+        // What the compiled backward wrote (gradients) is read afresh.
+        if (!ts.nodes.empty() && ts.nodes.back().text == kCompiledBackward) ts.cache.Clear();
         if (!ts.nodes.empty()) ts.nodes.pop_back();
         break;
       case at::RecordScope::USER_SCOPE:
@@ -687,6 +716,56 @@ std::array<at::CallbackHandle, 2> AddObserverCallbacks() {
           at::addGlobalCallback(
               at::RecordFunctionCallback(&OnStart, &OnEnd)
                   .scopes({at::RecordScope::BACKWARD_FUNCTION, at::RecordScope::USER_SCOPE}))};
+}
+
+std::unique_ptr<OpContext> CompiledRegionStart(const std::string& name,
+                                               c10::ArrayRef<c10::IValue> inputs,
+                                               ThreadState& ts) {
+  // ts.depth counts the opguard:: op that carries the call.
+  const int depth = ts.depth - 1;
+  if (!Recording() || ts.unrecorded_regions > 0) return nullptr;
+  if (ts.callback_lanes.empty() && IsBackendThread(ts)) return nullptr;
+  if (depth != 0 && !g_adapter.all_depths.load(std::memory_order_relaxed)) return nullptr;
+  if (depth == 0 && TrainingLoopOp(ts)) BeforeTrainingOp(ts);
+  BeginCacheStep(ts);
+  auto ctx = std::make_unique<OpContext>();
+  ctx->start_ns = NowNs();
+  ctx->backward = ts.backward_nodes > 0 && !ts.nodes.empty();
+  ctx->replicated = ts.optimizer_steps > 0 || ts.replicated_regions > 0;
+  if (ctx->backward) {
+    NameBackwardOp(name.c_str(), *ctx, ts);
+  } else {
+    ctx->name = opguard_intern(name.data(), name.size());
+    ctx->site = FindUserSite().site;
+  }
+  // Its autograd node (CompiledFunctionBackward) maps back to the call site.
+  ctx->seq_begin = PeekSequenceNumber();
+  CollectInputs(inputs, *ctx, ts);
+  BeginKernels(*ctx);
+  ++ts.depth;  // what the region runs is nested in it
+  ++ts.compiled_regions;
+  return ctx;
+}
+
+void CompiledRegionEnd(std::unique_ptr<OpContext> ctx, c10::ArrayRef<c10::IValue> outputs,
+                       bool completed, ThreadState& ts) {
+  --ts.depth;
+  --ts.compiled_regions;
+  // Its fused kernels wrote its outputs (and whatever of its inputs it
+  // mutates) without version bumps: nothing cached before holds.
+  ts.cache.Clear();
+  EndKernels(ctx.get());
+  if (!completed || !Recording()) {
+    DiscardKernels(ctx.get());
+    return;
+  }
+  const uint32_t lane = LaneOf(ts);
+  if (ctx->unfingerprintable || !CollectOutputs(outputs, /*allocates=*/false, *ctx, ts)) {
+    DiscardKernels(ctx.get());
+    opguard_report_gap(lane, 1, "tensor without host bytes (device, sparse or quantized)", nullptr);
+    return;
+  }
+  RecordOp(*ctx, lane);
 }
 
 // OPGUARD_NESTED_OPS: unset, empty or 0 = off, 1 = on; anything else warns

@@ -21,13 +21,28 @@
 #include <ATen/record_function.h>
 
 #include <array>
+#include <memory>
+#include <string>
 
+#include "op_record.h"
 #include "thread_state.h"
 
 namespace opguard::torch_adapter {
 
 // Registers the observer's callbacks globally; returns their handles.
 std::array<at::CallbackHandle, 2> AddObserverCallbacks();
+
+// A torch.compile region (compiled_regions.cc) as one op at the depth of its
+// call: `name` ("compiled::Block"), its call site, `inputs` fingerprinted
+// now; the ops it runs are nested in it (recorded only with
+// OPGUARD_DEPTH=all). Called from inside the opguard:: op that carries the
+// call (counted in ts.depth). nullptr when not recorded. The end takes the
+// outputs, or `completed` false when the region raised (nothing recorded).
+std::unique_ptr<OpContext> CompiledRegionStart(const std::string& name,
+                                               c10::ArrayRef<c10::IValue> inputs,
+                                               ThreadState& ts);
+void CompiledRegionEnd(std::unique_ptr<OpContext> ctx, c10::ArrayRef<c10::IValue> outputs,
+                       bool completed, ThreadState& ts);
 
 // OPGUARD_NESTED_OPS=1: leave RecordFunction on inside recorded ops.
 bool KeepNestedOps();

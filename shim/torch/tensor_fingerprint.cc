@@ -91,6 +91,7 @@ bool GatherLogical(const void* data, size_t element_size, at::IntArrayRef sizes,
 bool FingerprintTensor(const at::Tensor& t, ThreadState& ts, Shapes& shapes, opguard_tensor* out,
                        Shapes::At* shape, bool cached, bool may_defer) {
   std::memset(out, 0, sizeof(*out));
+  if (HoldsNoData(t)) return false;
   if (t.defined() && t.is_cuda()) return FingerprintDeviceTensor(t, shapes, out, shape);
   if (!t.defined() || !t.device().is_cpu() || t.is_sparse() || t.is_quantized() ||
       t.is_mkldnn() || !t.has_storage()) {

@@ -14,6 +14,16 @@
 
 namespace opguard::torch_adapter {
 
+// Whether `t` holds no bytes at all: on the meta device, a FakeTensor (meta
+// storage behind another device), or a functionalization wrapper (whose data
+// pointer throws). torch.compile traces its graphs on such tensors, also
+// lazily inside the first backward; DTensor learns its outputs' shapes so.
+inline bool HoldsNoData(const at::Tensor& t) {
+  if (!t.defined()) return false;
+  if (t.is_meta() || t.key_set().has(c10::DispatchKey::Functionalize)) return true;
+  return t.has_storage() && t.storage().device().is_meta();
+}
+
 // Fills `out` (its shape pointer unset) with the tensor's fingerprint and
 // stores its shape in `shapes` at `*shape`; false if it has no host bytes
 // OpGuard can read. `cached`: a fingerprint cached for the same bytes may be

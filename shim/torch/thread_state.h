@@ -49,6 +49,7 @@ struct ThreadState {
   int replicated_regions = 0;  // opguard.replicated() regions currently open
   int unrecorded_regions = 0;  // DataLoader work on this thread (opguard/_data.py)
   int subclass_dispatches = 0;  // ops on tensor subclasses open (their __torch_dispatch__ runs)
+  int compiled_regions = 0;     // recorded torch.compile regions open (compiled_regions.h)
   int backward_calls = 0;      // torch.autograd.backward calls open (steps.cc)
   uint64_t backward_site = 0;  // the user's call site of the outermost open one
   // Python code autograd runs (a custom Function's backward, saved-tensor and

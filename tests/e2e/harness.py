@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 import unittest
+import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TRAIN = os.path.join(HERE, "train_gpt.py")
@@ -64,6 +65,14 @@ class UserSite:
         shutil.copy(os.path.join(stage, "opguard-autoload.pth"), self.site)
 
     def env(self, **extra):
+        """The environment a training runs in. torch.compile's inductor
+        caches what it compiles in this site's folder (a fresh cache per
+        test class: the first job compiles, the next ones load it), with one
+        compile thread (no worker pool to start) and without probing the
+        CPU's vector ISAs (each probe compiles and loads a test library in a
+        new Python: seconds per process); TORCHINDUCTOR_DETERMINISTIC as
+        OpGuard's determinism control sets it, so that jobs with and without
+        OpGuard compile the same code and share the cache."""
         env = dict(os.environ)
         for key in ("OPGUARD", "OPGUARD_RUN", "RANK", "WORLD_SIZE", "LOCAL_RANK",
                     "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PYTHONPATH"):
@@ -71,6 +80,9 @@ class UserSite:
         env.pop("PYTHONNOUSERSITE", None)
         env["PYTHONUSERBASE"] = self.base
         env["OMP_NUM_THREADS"] = "1"
+        env.update(TORCHINDUCTOR_CACHE_DIR=os.path.join(self.base, "inductor"),
+                   TORCHINDUCTOR_COMPILE_THREADS="1", TORCHINDUCTOR_VEC_ISA_OK="0",
+                   TORCHINDUCTOR_DETERMINISTIC="1")
         env.update({k: str(v) for k, v in extra.items()})
         return env
 
@@ -120,6 +132,13 @@ class Daemon:
             raise AssertionError(f"opguard {' '.join(args)} failed ({result.returncode}): "
                                  f"{result.stderr}{result.stdout}")
         return json.loads(result.stdout)
+
+    def trace(self, run, rank, lane=0, limit=10000):
+        """The first `limit` ops of `run`'s `rank` in `lane`, from the HTTP API."""
+        url = (f"http://{self.status['http']}/api/runs/{run}/ranks/{rank}/trace"
+               f"?lane={lane}&from=0&max={limit}")
+        with urllib.request.urlopen(url, timeout=30) as answer:
+            return json.load(answer)["ops"]
 
     def close(self):
         if self.proc.poll() is None:

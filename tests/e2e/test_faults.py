@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 import unittest
-import urllib.request
 
 import harness
 
@@ -299,10 +298,7 @@ class Collectives(harness.DaemonTestCase):
         return out
 
     def lane0(self, run, rank, lane=0):
-        http = self.daemon.status["http"]
-        url = f"http://{http}/api/runs/{run}/ranks/{rank}/trace?lane={lane}&from=0&max=10000"
-        with urllib.request.urlopen(url, timeout=30) as answer:
-            return json.load(answer)["ops"]
+        return self.daemon.trace(run, rank, lane)
 
     def assert_completed(self, run, expected):
         """No desync, no output mismatch, and per communicator name the

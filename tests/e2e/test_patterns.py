@@ -27,12 +27,13 @@ class TrainingPatterns(harness.DaemonTestCase):
                                text=True, timeout=120, check=True)
         cls.missing = json.loads(found.stdout)
 
-    def train(self, patterns, run=None, fault=""):
+    def train(self, patterns, run=None, fault="", **extra_env):
         """Trains `patterns` (a list, in turn, in one job) without OpGuard or,
-        given `run`, recorded as `run`; returns the loss lines."""
+        given `run`, recorded as `run` (with `extra_env`); returns the loss
+        lines."""
         env = self.site.env(**({"OPGUARD": 1, "OPGUARD_RUN": run,
                                 "OPGUARD_ENDPOINT": self.daemon.ingest,
-                                "OPGUARD_FLUSH_TIMEOUT_MS": 20000} if run else {}))
+                                "OPGUARD_FLUSH_TIMEOUT_MS": 20000, **extra_env} if run else {}))
         result = subprocess.run([self.site.python, SCRIPT, ",".join(patterns)] +
                                 ([fault] if fault else []),
                                 env=env, capture_output=True, text=True,
@@ -95,23 +96,21 @@ class TrainingPatterns(harness.DaemonTestCase):
         self.assertEqual(report["diverging_ranks"], [1])
         self.assertEqual({e["rank"]: e["from_rank"] for e in report["explained"]}, {0: 1})
 
-    def assert_shard_flip_named(self, pattern, script, needle):
-        """A bit flipped in rank 1's shard at step 1 (shardflip:1:1, no op
-        does it) is named on rank 1 at step 1, at the first op that reads
-        the shard (inputs differ), on the line containing `needle` of
-        `script`; rank 0 diverges only through a collective and is explained
-        by rank 1. Returns the first divergence."""
+    def assert_fault_named(self, pattern, fault, script, needle):
+        """A fault planted on rank 1 at step 1 (FAULT:1:1) is named on rank 1
+        at step 1, on the line containing `needle` of `script`; rank 0
+        diverges only through a collective and is explained by rank 1.
+        Returns the first divergence."""
         if pattern in self.missing:
             self.skipTest(self.missing[pattern])
         if pattern not in SELECTED:
             self.skipTest(f"{pattern} is not among OPGUARD_TEST_PATTERNS (a quick run)")
         self.train([pattern], f"{pattern}-ref")
-        self.train([pattern], f"{pattern}-shardflip", fault="shardflip:1:1")
-        report = self.daemon.cli_json("diff", f"{pattern}-ref", f"{pattern}-shardflip")
+        self.train([pattern], f"{pattern}-{fault}", fault=f"{fault}:1:1")
+        report = self.daemon.cli_json("diff", f"{pattern}-ref", f"{pattern}-{fault}")
         self.assertEqual(report["status"], "diverged", json.dumps(report, indent=1)[:3000])
         first = report["first_divergence"]
         self.assertEqual((first["rank"], first["step"]), (1, 1), json.dumps(first)[:3000])
-        self.assertFalse(first["inputs_equal"], json.dumps(first)[:3000])
         line = harness.line_of(script, needle)
         for run in ("reference", "suspect"):
             self.assertEqual(os.path.basename(first["site"][run]["file"]),
@@ -119,6 +118,14 @@ class TrainingPatterns(harness.DaemonTestCase):
             self.assertEqual(first["site"][run]["line"], line, first["site"][run])
         self.assertEqual(report["diverging_ranks"], [1])
         self.assertEqual({e["rank"]: e["from_rank"] for e in report["explained"]}, {0: 1})
+        return first
+
+    def assert_shard_flip_named(self, pattern, script, needle):
+        """A bit flipped in rank 1's shard at step 1 (shardflip:1:1, no op
+        does it) is named at the first op that reads the shard (inputs
+        differ), as assert_fault_named says."""
+        first = self.assert_fault_named(pattern, "shardflip", script, needle)
+        self.assertFalse(first["inputs_equal"], json.dumps(first)[:3000])
         return first
 
     def test_bit_flip_in_one_ranks_tensor_parallel_weight_shard(self):
@@ -160,6 +167,42 @@ class TrainingPatterns(harness.DaemonTestCase):
         model's forward: named at the model's call; rank 0 diverges at the
         all-gather."""
         self.assert_shard_flip_named("fsdp2", SCRIPT, "logits = model(idx)")
+
+    def test_changed_computation_inside_a_compiled_region(self):
+        """torch.compile: rank 1's first block, compiled by inductor, scales
+        its attention after the product instead of before from step 1 on (a
+        changed computation inside the compiled region: dynamo compiles the
+        block again). The fused kernels run outside torch's dispatcher; the
+        region is one op, named for the compiled module, at the line that
+        calls it, with the same inputs and other outputs: the op itself."""
+        first = self.assert_fault_named("compiled", "compiledreorder", harness.TRAIN,
+                                        "x = block(x)")
+        self.assertEqual(first["op"], "compiled::Block", json.dumps(first)[:3000])
+        self.assertTrue(first["inputs_equal"], json.dumps(first)[:3000])
+        self.assertFalse(first["reference"]["backward"], json.dumps(first)[:3000])
+
+    def test_ops_inside_a_compiled_region_with_depth_all(self):
+        """OPGUARD_DEPTH=all: the ops torch's dispatcher sees inside a
+        compiled region (the extern kernels inductor's generated code calls,
+        aten::addmm for the Linears) are recorded before the region, at
+        lines of that generated code in inductor's cache; the fused kernels
+        are not ops. Each block's call is still one region, at its line."""
+        if "compiled" in self.missing:
+            self.skipTest(self.missing["compiled"])
+        if "compiled" not in SELECTED:
+            self.skipTest("compiled is not among OPGUARD_TEST_PATTERNS (a quick run)")
+        self.train(["compiled"], "compiled-all", OPGUARD_DEPTH="all")
+        cache = self.site.env()["TORCHINDUCTOR_CACHE_DIR"]
+        ops = self.daemon.trace("compiled-all", 0)
+        regions = [i for i, op in enumerate(ops) if op["name"] == "compiled::Block"]
+        self.assertEqual(len(regions), 2 * 3, [op["name"] for op in ops][:200])
+        line = harness.line_of(harness.TRAIN, "x = block(x)")
+        start = 0
+        for i in regions:
+            self.assertEqual((ops[i]["site"]["line"], ops[i]["backward"]), (line, False), ops[i])
+            inside = [op for op in ops[start:i] if op["site"]["file"].startswith(cache)]
+            self.assertIn("aten::addmm", [op["name"] for op in inside], ops[start:i])
+            start = i + 1
 
 
 if __name__ == "__main__":

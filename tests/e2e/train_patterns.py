@@ -8,7 +8,11 @@ Launch: python3 train_patterns.py PATTERN[,PATTERN...] [FAULT]
 (torch.multiprocessing.spawn): each pattern in turn, a fresh model each, in
 one process group; rank 0 prints "PATTERN step N loss L" lines.
 python3 train_patterns.py --missing names the patterns this torch cannot train.
-FAULT: shardflip:RANK:STEP flips one bit in memory on RANK at STEP of each
+FAULT: compiledreorder:RANK:STEP, for compiled: the first block's attention
+scales after the product instead of before (train_gpt's "reorder") on RANK
+from STEP on, a changed computation inside the compiled region (dynamo's guard
+on the attribute compiles the block again).
+shardflip:RANK:STEP flips one bit in memory on RANK at STEP of each
 pattern (no op
 does it): for functional, of the gradient shard before the shards are
 all-gathered; for dtensor_tp, of the column-parallel weight's local shard,
@@ -51,6 +55,7 @@ PATTERNS = {
                   "on a 2-rank mesh, both ranks on the same batch",
     "pipeline": "two pipeline stages (a block each) with plain send/recv of the activations "
                 "and their gradient",
+    "compiled": "each block compiled with torch.compile (inductor, C++ on the CPU)",
 }
 DDP = ("ddp_buckets", "ddp_unused", "ddp_static_graph", "ddp_no_sync", "ddp_python_hook")
 
@@ -80,6 +85,7 @@ def missing_features():
                       "torch.distributed.fsdp.fully_shard")
     needs["dtensor_tp"] = (_importable("torch.distributed.tensor.parallel", "ColwiseParallel"),
                            "torch.distributed.tensor.parallel")
+    needs["compiled"] = (hasattr(torch, "compile"), "torch.compile")
     return {pattern: f"this torch ({torch.__version__}) has no {what}"
             for pattern, (present, what) in needs.items() if not present}
 
@@ -262,6 +268,9 @@ def train(rank, world, pattern, fault):
     _models.append(model)
     if pattern.startswith("checkpoint") and pattern != "checkpoint_save":
         checkpointed(core, reentrant=pattern == "checkpoint_reentrant")
+    if pattern == "compiled":
+        for block in core.blocks:
+            block.compile()
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
     # Tensor-parallel ranks and pipeline stages work on the same batch; others
     # each on their own.
@@ -279,6 +288,8 @@ def train(rank, world, pattern, fault):
         if fault == f"shardflip:{rank}:{step}" and pattern in ("checkpoint", "autocast", "pipeline"):
             block = core.blocks[1 if pattern == "pipeline" else 0]
             flip_bit_in_memory(block.mlp[0].weight, index=3, bit=22)
+        if pattern == "compiled" and fault == f"compiledreorder:{rank}:{step}":
+            core.blocks[0].attn.fault = "reorder"
         if pattern == "ddp_no_sync" and step == 0:
             with model.no_sync():
                 F.cross_entropy(model(idx).view(-1, 64), target.view(-1)).backward()
