@@ -20,10 +20,11 @@ STEPS = 3
 # train_gpt.TinyGPT() has 37 parameters; without DDP each is all-reduced once
 # a step, after the step's broadcast.
 TINYGPT_PARAMETERS = 37
-# How a job fails when a collective's peers never come: the first rank to
-# fail is the one a launcher reports, either by gloo's timeout or, when a
-# peer already left on its own timeout, by the connection it closed (which of
-# the two comes first is timing), in that collective's call.
+# How a job fails when a collective's peers never come: the launcher reports
+# the first rank to fail, by gloo's timeout or, when a peer already left on
+# its own timeout, by the connection it closed; which comes first is timing,
+# and so is the call it fails in (a rank whose side of the desynchronized
+# broadcast completed goes on to the next collective and waits there).
 TIMEOUT_EXIT = r"(Timed out|Connection closed by peer)"
 
 
@@ -266,11 +267,10 @@ class Faults(harness.DaemonTestCase):
         env = {"OPGUARD_FLUSH_TIMEOUT_MS": 20000}
         # The job fails as a real desync would: gloo's 10 s timeout in that
         # broadcast, not any other error.
-        with self.assertRaisesRegex(AssertionError, TIMEOUT_EXIT) as failed:
+        with self.assertRaisesRegex(AssertionError, TIMEOUT_EXIT):
             harness.train(self.site, self.daemon, "desync", ranks=RANKS, steps=STEPS,
                           fault="desync:1:1", extra_env=env, timeout=180,
                           args=["--timeout", "10"])
-        self.assertIn("dist.broadcast(lr_scale", str(failed.exception))
         report = self.daemon.cli_json("collectives", "desync")
         self.assertEqual(report["status"], "diverged")
         self.assertEqual(len(report["desyncs"]), 1, json.dumps(report)[:3000])
