@@ -10,7 +10,8 @@
 # ASan and UBSan together, RelWithDebInfo, default <repo>/build-fuzz), so that
 # one build serves both the tests and the fuzz runs. OPGUARD_JOBS sets the build and ctest parallelism (default nproc).
 # OPGUARD_SANITIZE_TARGET builds one target instead of all (opguard_unit_tests
-# for the unit tests alone, as scripts/test.sh does).
+# for the unit tests alone, as scripts/test.sh does); OPGUARD_SANITIZE_BUILD_ONLY=1
+# builds and runs nothing.
 # Any sanitizer report fails the test that triggered it (halt_on_error).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -37,6 +38,8 @@ else
     ${OPGUARD_CMAKE_ARGS:-}
   cmake --build "$BUILD" -j "$JOBS" ${OPGUARD_SANITIZE_TARGET:+--target "$OPGUARD_SANITIZE_TARGET"}
 fi
+
+[[ "${OPGUARD_SANITIZE_BUILD_ONLY:-0}" != 1 ]] || exit 0
 
 # Options common to every sanitizer: stop at the first report and abort, so
 # the test fails even when a child process (forked rank, API child) reports.

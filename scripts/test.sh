@@ -45,6 +45,43 @@ CI_FLAGS=(-DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG"
 # How long each part took, for keeping the whole run within CI's budget.
 START=$SECONDS
 took() { echo "test.sh: $1 done after $((SECONDS - START)) s" >&2; }
+
+# The sanitizer passes after the main tests use two more builds of the
+# daemon and the shim: the fuzz harnesses' clang build (ASan + UBSan; the unit
+# tests and the harnesses) and a ThreadSanitizer build of the threaded tests.
+FUZZ_BUILD="${OPGUARD_FUZZ_BUILD_DIR:-$ROOT/build-fuzz}"
+TSAN_BUILD="${OPGUARD_TSAN_BUILD_DIR:-$ROOT/build-tsan}"
+TSAN_CMAKE_ARGS="-DCMAKE_C_FLAGS_DEBUG=-g1 -DCMAKE_CXX_FLAGS_DEBUG=-g1 ${OPGUARD_CMAKE_ARGS:-}"
+build_sanitizer_targets() {
+  if [[ "${OPGUARD_TEST_ASAN:-1}" != 0 ]]; then
+    OPGUARD_FUZZ_BUILD_DIR="$FUZZ_BUILD" "$ROOT/scripts/fuzz.sh" --build opguard_unit_tests
+  fi
+  if [[ "${OPGUARD_TEST_FUZZ:-1}" != 0 ]]; then
+    OPGUARD_FUZZ_BUILD_DIR="$FUZZ_BUILD" "$ROOT/scripts/fuzz.sh" --build
+  fi
+  if [[ "${OPGUARD_TEST_TSAN:-1}" != 0 ]]; then
+    OPGUARD_CMAKE_ARGS="$TSAN_CMAKE_ARGS" OPGUARD_BUILD_DIR="$TSAN_BUILD" \
+      OPGUARD_SANITIZE_TARGET=opguard_tsan_tests OPGUARD_SANITIZE_BUILD_ONLY=1 \
+      "$ROOT/scripts/sanitize.sh" thread
+  fi
+}
+# They compile from the start, beside the main build and tests, at idle
+# priority (SCHED_IDLE, inherited by the compilers): they take only CPU the
+# rest leaves unused (a link, gloo ranks waiting, a daemon restarting), so the
+# main tests keep their timing. A failure there shows again, in the
+# foreground, when its pass builds the same targets. In a process group of
+# their own, so that an early exit stops them.
+SANITIZER_LOG="$BUILD/sanitizer-builds.log"
+mkdir -p "$BUILD"
+set -m
+(
+  chrt --idle --pid 0 "$BASHPID" || true
+  build_sanitizer_targets
+) >"$SANITIZER_LOG" 2>&1 &
+SANITIZER_BUILDS=$!
+set +m
+trap 'kill -- "-$SANITIZER_BUILDS" 2>/dev/null || true' EXIT
+
 cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DOPGUARD_WERROR=ON \
   "${CI_FLAGS[@]}" \
   -DOPGUARD_TEST_TORCH="$TORCH_VERSIONS" -DOPGUARD_TEST_SYSTEM_TORCH="$SYSTEM_TORCH" \
@@ -59,6 +96,8 @@ ctest --output-on-failure -j "$JOBS" --timeout 600 --no-tests=error \
   --labels "unit,integration,e2e,package,browser${TORCH_VERSIONS:+,e2e-torch2}" || rc=1
 took "the main tests"
 [[ $rc == 0 ]] || exit "$rc"
+wait "$SANITIZER_BUILDS" || true
+took "the sanitizer builds beside them"
 
 # One sanitizer pass: builds only TARGET in BUILD and runs the tests of LABEL.
 sanitizer_pass() {
@@ -74,7 +113,6 @@ sanitizer_pass() {
 # fuzz), which the bounded fuzz runs below then reuse: one sanitizer build of
 # the daemon instead of two. The integration suites run under all three
 # sanitizers in scripts/sanitize.sh.
-FUZZ_BUILD="${OPGUARD_FUZZ_BUILD_DIR:-$ROOT/build-fuzz}"
 if [[ "${OPGUARD_TEST_ASAN:-1}" != 0 ]]; then
   sanitizer_pass fuzz "$FUZZ_BUILD" opguard_unit_tests unit
   took "the ASan + UBSan unit pass"
@@ -83,8 +121,7 @@ fi
 # daemon's ingest, commit, query, aligner and HTTP threads in process,
 # through the fuzz corpora's replays): only their targets are built.
 if [[ "${OPGUARD_TEST_TSAN:-1}" != 0 ]]; then
-  OPGUARD_CMAKE_ARGS="-DCMAKE_C_FLAGS_DEBUG=-g1 -DCMAKE_CXX_FLAGS_DEBUG=-g1 ${OPGUARD_CMAKE_ARGS:-}" \
-    sanitizer_pass thread "${OPGUARD_TSAN_BUILD_DIR:-$ROOT/build-tsan}" opguard_tsan_tests tsan
+  OPGUARD_CMAKE_ARGS="$TSAN_CMAKE_ARGS" sanitizer_pass thread "$TSAN_BUILD" opguard_tsan_tests tsan
   took "the TSan pass"
 fi
 
