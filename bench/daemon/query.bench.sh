@@ -12,8 +12,9 @@
 #   daemon_query/diff_64x20k/first   two 64-rank runs, 20,000 ops per rank
 #   daemon_query/diff_64x20k/again
 # Each figure is the median of REPS; "first" restarts the daemon each time.
-# Counters: the report's status (0 identical, 1 diverged, 2 incomplete,
-# 3 partial), the daemon's CPU seconds for the query, records per run.
+# Counters: the fastest and slowest of the REPS (ms), the report's status (0
+# identical, 1 diverged, 2 incomplete, 3 partial), the daemon's CPU seconds
+# for the query, records per run.
 # Environment: OPGUARD_BUILD_DIR (default build-release), DIFF_OPS (1000000),
 # WIDE_RANKS (64), WIDE_OPS (20000), REPS (3), KEEP_DIR (reuse recorded runs
 # from an earlier invocation in that directory), DAEMON_ARGS (extra opguardd
@@ -72,8 +73,13 @@ diff_once() {
     2>/dev/null || echo error)
   echo "$(echo "$t1 - $t0" | bc -l) $(echo "$c1 - $c0" | bc -l) $status"
 }
-# Median (by time) of REPS lines of diff_once.
-median() { sort -g | sed -n "$(( (REPS + 1) / 2 ))p"; }
+# Median (by time) of REPS lines of diff_once, then the fastest and slowest time.
+median() {
+  local sorted
+  sorted="$(sort -g)"
+  echo "$(sed -n "$(( (REPS + 1) / 2 ))p" <<<"$sorted") $(head -1 <<<"$sorted" | cut -d' ' -f1)" \
+    "$(tail -1 <<<"$sorted" | cut -d' ' -f1)"
+}
 
 declare -A RESULT
 for pair in "big-ref big-sus diff_1M_ops" "wide-ref wide-sus diff_64x20k"; do
@@ -97,11 +103,12 @@ codes = {"identical": 0, "diverged": 1, "incomplete": 2, "partial": 3}
 rows = []
 for arg in sys.argv[5:]:
     name, values = arg.split("=", 1)
-    seconds, cpu, status = values.split()
+    seconds, cpu, status, fastest, slowest = values.split()
     big = name.startswith("diff_1M")
     rows.append({"name": "daemon_query/" + name, "run_type": "iteration", "repetitions": reps,
                  "iterations": 1, "real_time": float(seconds) * 1e3, "cpu_time": float(seconds) * 1e3,
-                 "time_unit": "ms", "daemon_cpu_s": float(cpu), "status_code": codes.get(status, -1),
+                 "time_unit": "ms", "min_ms": float(fastest) * 1e3, "max_ms": float(slowest) * 1e3,
+                 "daemon_cpu_s": float(cpu), "status_code": codes.get(status, -1),
                  "ranks": 1 if big else ranks, "records_per_run": diff_ops if big else ranks * wide_ops})
 print(json.dumps({"context": {"date": datetime.datetime.now().isoformat(), "num_cpus": os.cpu_count(),
                               "load_avg": list(os.getloadavg()), "executable": "query.bench.sh",

@@ -29,10 +29,10 @@ RecordCounts& RecordCounts::operator+=(const RecordCounts& o) {
 }
 
 RecordCounts BatchWriter::Write(const wire::Batch& batch, const uint8_t* buffer, size_t bytes,
-                                uint64_t run, StoreBatch* out) {
+                                uint64_t run, uint64_t rank_ops, StoreBatch* out) {
   RecordCounts n;
   PutDefinitions(batch, run, out, &n);
-  PutOps(batch, buffer, bytes, run, out, &n);
+  PutOps(batch, buffer, bytes, run, rank_ops, out, &n);
   PutCollectives(batch, run, out, &n);
   PutSteps(batch, run, out, &n);
   PutGaps(batch, run, out, &n);
@@ -65,15 +65,32 @@ void BatchWriter::PutDefinitions(const wire::Batch& batch, uint64_t run, StoreBa
 }
 
 void BatchWriter::PutOps(const wire::Batch& batch, const uint8_t* buffer, size_t bytes, uint64_t run,
-                         StoreBatch* out, RecordCounts* n) {
+                         uint64_t rank_ops, StoreBatch* out, RecordCounts* n) {
   const auto* v = batch.ops();
-  if (v == nullptr) return;
+  if (v == nullptr || v->size() == 0) return;
   // Consecutive records of one lane go into one chunk value, keyed by its
   // last op_index (docs/storage.md). Chunking depends only on the batch's
   // content, so a resent batch rewrites exactly the same keys.
   const uint32_t rank = batch.rank();
+  // Every chunk of the rank has its cores in the cores column family as
+  // long as every batch of it came with them: marked with the rank's first
+  // ops, unmarked (in the same write) by any batch without them, so a
+  // reader never takes an incomplete set of cores for the trace.
+  if (!cores_) {
+    out->DeleteCoresComplete(run, rank);
+  } else if (rank_ops == 0) {
+    out->PutCoresComplete(run, rank);
+  }
   auto put_chunk = [&](uint32_t lane, OpChunkWriter& w) {
     if (w.empty()) return;
+    if (cores_) {
+      const std::string_view cores = w.FinishCores(codec_);
+      if (cores.empty()) {
+        out->DeleteCoresComplete(run, rank);  // later in the batch than the mark
+      } else {
+        out->PutOpCores(run, rank, lane, w.last_op(), cores);
+      }
+    }
     out->PutOpChunk(run, rank, lane, w.last_op(), w.Finish(codec_));
     w.Clear();
   };

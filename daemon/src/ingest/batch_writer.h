@@ -31,18 +31,21 @@ struct RecordCounts {
 
 class BatchWriter {
  public:
-  // `cores`: store each op's event core with its chunk (storage.op_cores).
+  // `cores`: store each op's event core under its chunk's key in the cores
+  // column family (storage.op_cores).
   explicit BatchWriter(ChunkCodec codec, bool cores = true) : codec_(codec), cores_(cores) {}
 
   // `buffer` of `bytes`: the verified message that holds `batch`, whose
-  // records are stored under run id `run`.
+  // records are stored under run id `run`. `rank_ops`: the ops its rank has
+  // stored before it (the rank's cores are complete when they all came with
+  // cores).
   RecordCounts Write(const wire::Batch& batch, const uint8_t* buffer, size_t bytes, uint64_t run,
-                     StoreBatch* out);
+                     uint64_t rank_ops, StoreBatch* out);
 
  private:
   void PutDefinitions(const wire::Batch& batch, uint64_t run, StoreBatch* out, RecordCounts* n);
   void PutOps(const wire::Batch& batch, const uint8_t* buffer, size_t bytes, uint64_t run,
-              StoreBatch* out, RecordCounts* n);
+              uint64_t rank_ops, StoreBatch* out, RecordCounts* n);
   void PutCollectives(const wire::Batch& batch, uint64_t run, StoreBatch* out, RecordCounts* n);
   void PutSteps(const wire::Batch& batch, uint64_t run, StoreBatch* out, RecordCounts* n);
   void PutGaps(const wire::Batch& batch, uint64_t run, StoreBatch* out, RecordCounts* n);

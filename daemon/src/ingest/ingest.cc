@@ -598,7 +598,7 @@ void Ingest::ApplyBatch(const uint8_t* buffer, const wire::Batch& batch, size_t 
   session.last_ns = now;
   rank.TrimSessions();
   if (const auto* a = batch.announce()) ApplyAnnounce(*a, &run, &rank);
-  const RecordCounts records = writer_.Write(batch, buffer, bytes, run.id, &open_->batch);
+  const RecordCounts records = writer_.Write(batch, buffer, bytes, run.id, rank.ops, &open_->batch);
   CountBatch(records, bytes, now, batch, &rank);
   dirty_ranks_[run.id].insert(batch.rank());
   open_->acks.push_back(std::move(ack));

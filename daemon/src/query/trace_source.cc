@@ -32,12 +32,13 @@ Status FromRocks(const rocksdb::Status& s, const char* what) {
 }
 
 // Calls fn(value) for every value of type T stored under `prefix` (a kind
-// of keys.h) that opens; damaged ones are skipped.
+// of keys.h) that opens; damaged ones are skipped. Few keys, mostly none (a
+// diff scans each rank's gap notices): no long readahead.
 template <typename T, typename Fn>
 Status ScanKind(const Store& store, Cf cf, const std::string& prefix, const char* what, Fn&& fn) {
   const std::string upper = keys::KindUpperBound(prefix);
   rocksdb::Slice upper_slice(upper);
-  auto it = store.NewScan(cf, &upper_slice, /*fill_cache=*/false);
+  auto it = store.NewScan(cf, &upper_slice, /*fill_cache=*/false, /*readahead=*/0);
   wire::AlignedStorage storage;
   for (it->Seek(prefix); it->Valid(); it->Next()) {
     auto value = OpenValue<T>(it->value(), &storage);
@@ -67,110 +68,174 @@ StoreDetails::StoreDetails(const Store* store, uint64_t run)
 
 StoreDetails::~StoreDetails() = default;
 
+// Builds one rank's trace from ops in stored order (lane by lane, each
+// ascending).
+class StoreDetails::TraceBuilder {
+ public:
+  TraceBuilder(aligner::RankTrace* trace, SiteBoundaries* boundaries, uint64_t expected_ops)
+      : trace_(trace), boundaries_(boundaries), expected_ops_(expected_ops) {}
+
+  // Whether op `idx` of `lane_id` joins the trace: overlapping chunks (a
+  // rank that re-sent op indices under a new session) keep each lane
+  // strictly ascending, the first one wins.
+  bool Takes(uint32_t lane_id, uint64_t idx) {
+    if (lane_ == nullptr || lane_->lane != lane_id) {
+      trace_->lanes.push_back({lane_id, {}});
+      lane_ = &trace_->lanes.back();
+      // The rank's remaining ops: exact for the common one-lane rank;
+      // RunReader trims what a lane did not use.
+      lane_->ops.reserve(expected_ops_ > loaded_ ? expected_ops_ - loaded_ : 0);
+    }
+    return lane_->ops.empty() || idx > lane_->ops.back().op_index;
+  }
+  void Add(const aligner::OpEventCore& core) {  // after Takes
+    lane_->ops.push_back(aligner::ToOpEvent(core, Boundary(core.site)));
+    ++loaded_;
+  }
+  // A damaged chunk is a hole in the trace, never a silent pass nor a
+  // failed query. Its first op is unknown: the hole runs from after the
+  // lane's last op to the key's op (the chunk's last).
+  void Hole(uint32_t lane_id, uint64_t key_op) {
+    const bool same_lane = lane_ != nullptr && lane_->lane == lane_id;
+    const uint64_t from = same_lane && !lane_->ops.empty() ? lane_->ops.back().op_index + 1 : key_op;
+    trace_->gaps.push_back({lane_id, std::min(from, key_op), key_op});
+  }
+
+ private:
+  // A few sites take turns from op to op: a small direct-mapped memo in
+  // front of the map (Of(0) is 0, so the empty slots hold).
+  uint64_t Boundary(uint64_t site) {
+    auto& slot = memo_[(site * 0x9e3779b97f4a7c15ULL) >> 58];
+    if (slot.first != site) slot = {site, boundaries_->Of(site)};
+    return slot.second;
+  }
+  aligner::RankTrace* trace_;
+  SiteBoundaries* boundaries_;
+  const uint64_t expected_ops_;
+  aligner::LaneTrace* lane_ = nullptr;
+  uint64_t loaded_ = 0;
+  std::array<std::pair<uint64_t, uint64_t>, 64> memo_{};
+};
+
 Result<aligner::RankTrace> StoreDetails::LoadRank(uint32_t rank, const CancelToken* cancel,
                                                   uint64_t expected_ops) {
   std::lock_guard<std::mutex> lock(mu_);
   aligner::RankTrace trace;
   trace.rank = rank;
+  OPGUARD_ASSIGN_OR_RETURN(const bool from_cores, LoadCores(rank, cancel, expected_ops, &trace));
+  if (!from_cores) {
+    trace = {};
+    trace.rank = rank;
+    OPGUARD_RETURN_IF_ERROR(LoadChunks(rank, cancel, expected_ops, &trace));
+  }
+  OPGUARD_RETURN_IF_ERROR(ScanKind<wire::GapNotice>(
+      *store_, Cf::kEvents, keys::EventKindPrefix(run_, rank, keys::kGapKind), "reading gap notices",
+      [&](const wire::GapNotice& g) { trace.gaps.push_back({g.lane(), g.first_op(), g.last_op()}); }));
+  return trace;
+}
+
+// The cores column family holds every chunk's cores when the rank's marker
+// says so (docs/storage.md): then the trace is read from them alone, with no
+// chunk touched. False (and a partial *trace) when it cannot be: no marker
+// (a rank stored before, or with storage.op_cores off), cores of another
+// version, a value or block that does not read; the chunks answer then.
+Result<bool> StoreDetails::LoadCores(uint32_t rank, const CancelToken* cancel, uint64_t expected_ops,
+                                     aligner::RankTrace* trace) {
+  if (!store_->Has(Cf::kCores)) return false;
+  const std::string marker = keys::CoresCompleteKey(run_, rank);
+  // One iterator for all the run's ranks: its readahead carries over from
+  // one rank to the next, which follows it in the file.
+  if (!cores_it_) cores_it_ = store_->NewScan(Cf::kCores, &upper_slice_, /*fill_cache=*/false);
+  rocksdb::Iterator* it = cores_it_.get();
+  it->Seek(marker);
+  char version[4];
+  for (int i = 0; i < 4; ++i) version[i] = static_cast<char>(aligner::kOpEventCoreVersion >> (8 * i));
+  if (!it->Valid() || it->key() != rocksdb::Slice(marker) ||
+      it->value() != rocksdb::Slice(version, sizeof version)) {
+    return false;
+  }
+  TraceBuilder builder(trace, &boundaries_, expected_ops);
+  OpChunkView cores;
+  for (it->Next(); it->Valid(); it->Next()) {
+    // One check per stored chunk (at most 256 records).
+    OPGUARD_RETURN_IF_ERROR(CheckCancel(cancel));
+    const std::string_view key = it->key().ToStringView();
+    if (!key.starts_with(marker)) break;
+    if (key.size() != keys::kOpKeySize) return false;
+    const uint32_t lane = keys::OpKeyLane(key);
+    if (cores.OpenCores(keys::OpKeyIndex(key), it->value().ToStringView()) != OpChunkView::Cores::kRead) {
+      return false;
+    }
+    for (const aligner::OpEventCore& core : cores.cores()) {
+      if (builder.Takes(lane, core.op_index)) builder.Add(core);
+    }
+  }
+  return it->status().ok();
+}
+
+// The trace from the ops chunks: the cores stored in front of a chunk's
+// records (the layout before the cores column family), else every record
+// decoded and reduced.
+Status StoreDetails::LoadChunks(uint32_t rank, const CancelToken* cancel, uint64_t expected_ops,
+                                aligner::RankTrace* trace) {
   const std::string begin = keys::LanePrefix(run_, rank, 0);
   const std::string_view prefix(begin.data(), 12);  // run | rank
-  {
-    OpChunkView chunk;
-    aligner::OpDetail scratch;
-    aligner::LaneTrace* lane = nullptr;
-    uint64_t loaded = 0;
-    // A few sites take turns from op to op: a small direct-mapped memo in
-    // front of the map (Of(0) is 0, so the empty slots hold).
-    std::array<std::pair<uint64_t, uint64_t>, 64> memo{};
-    auto boundary = [&](uint64_t site) {
-      auto& slot = memo[(site * 0x9e3779b97f4a7c15ULL) >> 58];
-      if (slot.first != site) slot = {site, boundaries_.Of(site)};
-      return slot.second;
-    };
-    // A corrupt chunk is a hole in the trace, never a silent pass nor a
-    // failed query. Its first op is unknown: the hole runs from after the
-    // lane's last op to the key's op (the chunk's last).
-    auto hole = [&](uint32_t lane_id, uint64_t key_op) {
-      const bool same_lane = lane != nullptr && lane->lane == lane_id;
-      const uint64_t from = same_lane && !lane->ops.empty() ? lane->ops.back().op_index + 1 : key_op;
-      trace.gaps.push_back({lane_id, std::min(from, key_op), key_op});
-    };
-    std::string last_key;  // the last key read fine
-    char first_key[keys::kOpKeySize];
-    keys::EncodeOpKey(first_key, run_, rank, 0, 0);
-    bool damaged_to_end = false;
-    for (it_->Seek(begin);; it_->Next()) {
-      // A value RocksDB cannot read (checksum mismatch): skip to what reads.
-      while (!it_->Valid() && !it_->status().ok()) {
-        const std::string damaged = store_->SkipDamagedOps(
-            it_.get(), last_key.empty() ? std::string_view(first_key, sizeof first_key) : last_key,
-            !last_key.empty(), &damaged_to_end);
-        if (!std::string_view(damaged).starts_with(prefix)) break;  // past this rank
-        hole(keys::OpKeyLane(damaged), keys::OpKeyIndex(damaged));
-        last_key = damaged;
-        if (damaged_to_end) break;
-      }
-      if (!it_->Valid()) break;
-      // One check per stored chunk (at most 256 records).
-      OPGUARD_RETURN_IF_ERROR(CheckCancel(cancel));
-      auto key = it_->key();
-      if (!key.starts_with(rocksdb::Slice(prefix.data(), prefix.size()))) break;
-      if (key.size() != keys::kOpKeySize) continue;
-      last_key = key.ToString();
-      const uint32_t lane_id = keys::OpKeyLane(key.ToStringView());
-      const uint64_t key_op = keys::OpKeyIndex(key.ToStringView());
-      // Whether op `idx` joins the lane: overlapping chunks (a rank that
-      // re-sent op indices under a new session) keep the trace strictly
-      // ascending, the first one wins.
-      auto takes = [&](uint64_t idx) {
-        if (lane == nullptr || lane->lane != lane_id) {
-          trace.lanes.push_back({lane_id, {}});
-          lane = &trace.lanes.back();
-          // The rank's remaining ops: exact for the common one-lane rank;
-          // RunReader trims what a lane did not use.
-          lane->ops.reserve(expected_ops > loaded ? expected_ops - loaded : 0);
-        }
-        return lane->ops.empty() || idx > lane->ops.back().op_index;
-      };
-      auto add = [&](const aligner::OpEventCore& core) {
-        lane->ops.push_back(aligner::ToOpEvent(core, boundary(core.site)));
-        ++loaded;
-      };
-      // The cores stored with the records (op_chunk.h): no record is
-      // decompressed, verified or hashed.
-      if (chunk.OpenCores(key_op, it_->value().ToStringView()) == OpChunkView::Cores::kRead) {
-        for (const aligner::OpEventCore& core : chunk.cores()) {
-          if (takes(core.op_index)) add(core);
-        }
-        continue;
-      }
-      // A value of an earlier layout (or whose cores do not open): reduce
-      // every record.
-      if (!chunk.Open(key_op, it_->value().ToStringView())) {
-        hole(lane_id, key_op);
-        continue;
-      }
-      for (size_t i = 0; i < chunk.size(); ++i) {
-        const uint64_t idx = chunk.op_index(i);
-        const auto record = chunk.record(i);
-        auto op = wire::OpenStored<wire::OpRecord>(record.data(), record.size());
-        if (!op.ok()) {
-          trace.gaps.push_back({lane_id, idx, idx});
-          continue;
-        }
-        if (!takes(idx)) continue;
-        OpDetailFromRecord(**op, &scratch);
-        add(aligner::MakeOpEventCore(scratch));
-      }
+  TraceBuilder builder(trace, &boundaries_, expected_ops);
+  OpChunkView chunk;
+  aligner::OpDetail scratch;
+  std::string last_key;  // the last key read fine
+  char first_key[keys::kOpKeySize];
+  keys::EncodeOpKey(first_key, run_, rank, 0, 0);
+  bool damaged_to_end = false;
+  for (it_->Seek(begin);; it_->Next()) {
+    // A value RocksDB cannot read (checksum mismatch): skip to what reads.
+    while (!it_->Valid() && !it_->status().ok()) {
+      const std::string damaged = store_->SkipDamagedOps(
+          it_.get(), last_key.empty() ? std::string_view(first_key, sizeof first_key) : last_key,
+          !last_key.empty(), &damaged_to_end);
+      if (!std::string_view(damaged).starts_with(prefix)) break;  // past this rank
+      builder.Hole(keys::OpKeyLane(damaged), keys::OpKeyIndex(damaged));
+      last_key = damaged;
+      if (damaged_to_end) break;
     }
-    if (!damaged_to_end) OPGUARD_RETURN_IF_ERROR(FromRocks(it_->status(), "reading trace"));
+    if (!it_->Valid()) break;
+    // One check per stored chunk (at most 256 records).
+    OPGUARD_RETURN_IF_ERROR(CheckCancel(cancel));
+    auto key = it_->key();
+    if (!key.starts_with(rocksdb::Slice(prefix.data(), prefix.size()))) break;
+    if (key.size() != keys::kOpKeySize) continue;
+    last_key = key.ToString();
+    const uint32_t lane_id = keys::OpKeyLane(key.ToStringView());
+    const uint64_t key_op = keys::OpKeyIndex(key.ToStringView());
+    // The cores stored with the records (op_chunk.h): no record is
+    // decompressed, verified or hashed.
+    if (chunk.OpenCores(key_op, it_->value().ToStringView()) == OpChunkView::Cores::kRead) {
+      for (const aligner::OpEventCore& core : chunk.cores()) {
+        if (builder.Takes(lane_id, core.op_index)) builder.Add(core);
+      }
+      continue;
+    }
+    // A value of an earlier layout (or whose cores do not open): reduce
+    // every record.
+    if (!chunk.Open(key_op, it_->value().ToStringView())) {
+      builder.Hole(lane_id, key_op);
+      continue;
+    }
+    for (size_t i = 0; i < chunk.size(); ++i) {
+      const uint64_t idx = chunk.op_index(i);
+      const auto record = chunk.record(i);
+      auto op = wire::OpenStored<wire::OpRecord>(record.data(), record.size());
+      if (!op.ok()) {
+        trace->gaps.push_back({lane_id, idx, idx});
+        continue;
+      }
+      if (!builder.Takes(lane_id, idx)) continue;
+      OpDetailFromRecord(**op, &scratch);
+      builder.Add(aligner::MakeOpEventCore(scratch));
+    }
   }
-  {
-    OPGUARD_RETURN_IF_ERROR(ScanKind<wire::GapNotice>(
-        *store_, Cf::kEvents, keys::EventKindPrefix(run_, rank, keys::kGapKind), "reading gap notices",
-        [&](const wire::GapNotice& g) { trace.gaps.push_back({g.lane(), g.first_op(), g.last_op()}); }));
-  }
-  return trace;
+  if (!damaged_to_end) OPGUARD_RETURN_IF_ERROR(FromRocks(it_->status(), "reading trace"));
+  return Status::Ok();
 }
 
 Result<std::map<uint32_t, std::vector<aligner::CollectiveEvent>>> LoadCollectives(

@@ -105,6 +105,11 @@ class StoreDetails final : public aligner::DetailSource {
                                         uint64_t op_index) const override;
 
  private:
+  class TraceBuilder;
+  Result<bool> LoadCores(uint32_t rank, const CancelToken* cancel, uint64_t expected_ops,
+                         aligner::RankTrace* trace);
+  Status LoadChunks(uint32_t rank, const CancelToken* cancel, uint64_t expected_ops,
+                    aligner::RankTrace* trace);
   const Store* store_;
   uint64_t run_;
   SiteBoundaries boundaries_;
@@ -112,6 +117,7 @@ class StoreDetails final : public aligner::DetailSource {
   rocksdb::Slice upper_slice_;
   mutable std::mutex mu_;
   std::unique_ptr<rocksdb::Iterator> it_;
+  std::unique_ptr<rocksdb::Iterator> cores_it_;  // LoadCores', made on first use
   // Find's last decoded chunk (its key), under mu_.
   mutable std::string cached_key_;
   mutable bool cached_valid_ = false;

@@ -45,6 +45,12 @@ void EncodeOpKey(char (&out)[kOpKeySize], uint64_t run, uint32_t rank, uint32_t 
 uint32_t OpKeyLane(std::string_view key) { return GetU32(key.data() + 12); }
 uint64_t OpKeyIndex(std::string_view key) { return GetU64(key.data() + 16); }
 
+std::string CoresCompleteKey(uint64_t run, uint32_t rank) {
+  std::string k = RunBegin(run);
+  PutU32(&k, rank);
+  return k;
+}
+
 std::string LanePrefix(uint64_t run, uint32_t rank, uint32_t lane) {
   std::string k;
   k.reserve(16);

@@ -24,6 +24,7 @@ inline constexpr const char* kStrings = "strings";  // strings, sites, communica
 inline constexpr const char* kSources = "sources";
 inline constexpr const char* kEvents = "events";    // step marks, gap notices
 inline constexpr const char* kMeta = "meta";        // run registry, per-rank state
+inline constexpr const char* kCores = "cores";      // the ops' event cores, per chunk
 
 // Kinds inside the strings column family, after the run id.
 inline constexpr char kStringKind = 's';
@@ -54,6 +55,10 @@ uint32_t OpKeyLane(std::string_view key);
 uint64_t OpKeyIndex(std::string_view key);
 // Prefix of every op of (run, rank, lane).
 std::string LanePrefix(uint64_t run, uint32_t rank, uint32_t lane);
+// cores: the op key of the chunk whose cores the value holds; and, in front
+// of a rank's cores, run(8) | rank(4): the marker that every chunk of the
+// rank has its cores there (value: the core version, u32 little-endian).
+std::string CoresCompleteKey(uint64_t run, uint32_t rank);
 // collectives: run(8) | communicator(8) | seq(8) | rank(4) | phase(1)
 inline constexpr size_t kCollectiveKeySize = 29;
 std::string CollectiveKey(uint64_t run, uint64_t communicator, uint64_t seq, uint32_t rank,

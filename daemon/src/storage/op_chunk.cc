@@ -160,6 +160,13 @@ std::string_view OpChunkWriter::Finish(ChunkCodec codec) {
   return cores_.size() == entries_.size() ? WithCores(codec, chunk) : chunk;
 }
 
+std::string_view OpChunkWriter::FinishCores(ChunkCodec codec) {
+  if (cores_.empty() || cores_.size() != entries_.size()) return {};
+  const std::string_view cores = WithCores(codec, {});
+  cores_.clear();
+  return cores;
+}
+
 std::string_view OpChunkWriter::WithCores(ChunkCodec codec, std::string_view chunk) {
   // Columns, so that the compressor finds the repeats (steps, names, sites,
   // keys; op indices differ in their low byte only); the digests are random.
@@ -208,7 +215,7 @@ std::string_view OpChunkWriter::WithCores(ChunkCodec codec, std::string_view chu
   PutLe32(f + 20, static_cast<uint32_t>(n));
   PutLe32(f + 24, static_cast<uint32_t>(n * kCoreBytes));
   PutLe32(f + 28, static_cast<uint32_t>(stored));
-  std::memcpy(f + kCoresHeader + block, chunk.data(), chunk.size());
+  if (!chunk.empty()) std::memcpy(f + kCoresHeader + block, chunk.data(), chunk.size());
   framed_.resize(kCoresHeader + block + chunk.size());
   return framed_;
 }

@@ -39,8 +39,11 @@ namespace opguard::daemon {
 //
 // where the raw cores are columns of `count` entries: op_index, step, name,
 // site, siteless key, outputs lo, outputs hi, inputs lo, inputs hi (u64
-// each), then flags (u8 each). A trace scan decompresses the cores only;
-// pivots and pages skip them and read the records.
+// each), then flags (u8 each). Pivots and pages skip them and read the
+// records. That layout (cores in front of the chunk) is what stores written
+// before the `cores` column family hold; ingest now stores the cores alone
+// ("OGE1" ... block, with nothing behind) under the chunk's key in the
+// `cores` column family, so that a trace scan reads no chunk at all.
 // A value that starts with none of the magics is a single record (one
 // OpRecord root per key, the key's op_index); readers accept all of them.
 // For records of typical size (~300 bytes) the byte limit ends a chunk, at
@@ -82,8 +85,13 @@ class OpChunkWriter {
   // valid until the next Add/Reserve/Clear/Finish.
   uint8_t* Reserve(uint64_t op_index, size_t size);
   // The encoded value (wrapped and compressed unless `codec` is kNone);
-  // valid until the next Clear()/Add().
+  // valid until the next Clear()/Add(). With a core for every record and no
+  // FinishCores before, the cores are in front of the chunk.
   std::string_view Finish(ChunkCodec codec = ChunkCodec::kNone);
+  // The cores alone (the `cores` column family's value; OpChunkView::OpenCores
+  // reads it), taken out of the chunk Finish then encodes. Empty unless
+  // every record has a core. Valid until the next Clear()/Add()/FinishCores().
+  std::string_view FinishCores(ChunkCodec codec = ChunkCodec::kNone);
 
  private:
   // Room for the largest header ("OGC1" | count | kOpChunkMaxRecords entries)

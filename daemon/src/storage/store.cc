@@ -110,7 +110,8 @@ class Store::ErrorListener final : public rocksdb::EventListener {
 const char* CfName(Cf cf) {
   static constexpr const char* kNames[kCfCount] = {keys::kOps,    keys::kCollectives,
                                                    keys::kStrings, keys::kSources,
-                                                   keys::kEvents, keys::kMeta};
+                                                   keys::kEvents, keys::kMeta,
+                                                   keys::kCores};
   return kNames[static_cast<int>(cf)];
 }
 
@@ -216,6 +217,26 @@ Result<std::unique_ptr<Store>> Store::Open(const Config& config) {
           o.compaction_options_universal.size_ratio = 10;
         }
         break;
+      case Cf::kCores:
+        // The first diff of a run reads every core of its ranks and nothing
+        // else (docs/storage.md): inline values (no blob files), in large
+        // sequentially read blocks. Ingest compresses the cores already, so
+        // RocksDB does not try again; XXH3 block checksums cost a fraction
+        // of the software CRC32C of the distribution's librocksdb.
+        t.block_size = 64 << 10;
+        t.checksum = rocksdb::kXXH3;
+        o.compression = rocksdb::kNoCompression;
+        o.bottommost_compression = rocksdb::kNoCompression;
+        o.write_buffer_size = std::max<uint64_t>(config.write_buffer_bytes / 2, 4 << 20);
+        o.max_write_buffer_number = 4;
+        o.memtable_factory = std::make_shared<rocksdb::VectorRepFactory>();
+        o.target_file_size_base = 64 << 20;
+        o.max_bytes_for_level_base = 512 << 20;
+        if (config.compaction == "universal") {
+          o.compaction_style = rocksdb::kCompactionStyleUniversal;
+          o.level_compaction_dynamic_level_bytes = false;
+        }
+        break;
       case Cf::kStrings:
       case Cf::kSources:
       case Cf::kMeta:
@@ -257,6 +278,14 @@ Result<std::unique_ptr<Store>> Store::Open(const Config& config) {
                                       (s.ok() ? MiB(free) + " free, " + MiB(need) + " needed" : s.ToString()) +
                                       "); opening it read-only (queries only) until restarted with free space");
     handles.clear();
+    // Read-only, RocksDB cannot add a column family the store lacks (one
+    // written before `cores` existed): open those it has.
+    std::vector<std::string> names;
+    if (rocksdb::DB::ListColumnFamilies(db_options, config.data_dir, &names).ok()) {
+      std::erase_if(descriptors, [&](const rocksdb::ColumnFamilyDescriptor& d) {
+        return std::find(names.begin(), names.end(), d.name) == names.end();
+      });
+    }
     s = rocksdb::DB::OpenForReadOnly(db_options, config.data_dir, descriptors, &handles, &raw);
   }
   if (!s.ok()) return Unavailable("cannot open store in " + config.data_dir + ": " + s.ToString());
@@ -270,7 +299,11 @@ Result<std::unique_ptr<Store>> Store::Open(const Config& config) {
   store->db_.reset(raw);
   // handles[0] is the default CF: unused, but RocksDB wants it open.
   raw->DestroyColumnFamilyHandle(handles[0]);
-  for (int i = 0; i < kCfCount; ++i) store->handles_[i] = handles[i + 1];
+  for (size_t h = 1; h < handles.size(); ++h) {
+    for (int i = 0; i < kCfCount; ++i) {
+      if (descriptors[h].name == CfName(static_cast<Cf>(i))) store->handles_[i] = handles[h];
+    }
+  }
   return store;
 }
 
@@ -279,7 +312,10 @@ Store::~Store() { (void)Close(); }
 Status Store::Flush() {
   rocksdb::FlushOptions flush;
   flush.wait = true;
-  std::vector<rocksdb::ColumnFamilyHandle*> all(handles_.begin(), handles_.end());
+  std::vector<rocksdb::ColumnFamilyHandle*> all;
+  for (auto* h : handles_) {
+    if (h != nullptr) all.push_back(h);
+  }
   return FromRocks(db_->Flush(flush, all), "store flush");
 }
 
@@ -298,7 +334,9 @@ Status Store::Close() {
     }
   }
   if (!fs.ok()) OPGUARD_LOG(LogLevel::kWarn, "store: flush at close failed: " + fs.message());
-  for (auto* h : handles_) db_->DestroyColumnFamilyHandle(h);
+  for (auto* h : handles_) {
+    if (h != nullptr) db_->DestroyColumnFamilyHandle(h);
+  }
   handles_.fill(nullptr);
   auto s = db_->Close();
   db_.reset();
@@ -449,7 +487,8 @@ void Store::CompactRun(uint64_t run_id) {
                                      MiB(free) + " free, the live blobs are " + MiB(blobs) + ")");
     options.blob_garbage_collection_policy = rocksdb::BlobGarbageCollectionPolicy::kDisable;
   }
-  for (Cf c : {Cf::kOps, Cf::kCollectives, Cf::kStrings, Cf::kSources, Cf::kEvents}) {
+  for (Cf c : {Cf::kOps, Cf::kCollectives, Cf::kStrings, Cf::kSources, Cf::kEvents, Cf::kCores}) {
+    if (!Has(c)) continue;
     auto s = db_->CompactRange(options, cf(c), &b, &e);
     if (!s.ok()) OPGUARD_LOG(LogLevel::kWarn, "store: compacting deleted run failed: " + s.ToString());
   }
@@ -641,10 +680,10 @@ std::optional<std::string> Store::GetSource(uint64_t run, uint64_t file) const {
 }
 
 std::unique_ptr<rocksdb::Iterator> Store::NewScan(Cf which, const rocksdb::Slice* upper,
-                                                  bool fill_cache) const {
+                                                  bool fill_cache, size_t readahead) const {
   rocksdb::ReadOptions options;
   options.iterate_upper_bound = upper;
-  options.readahead_size = 2 << 20;
+  options.readahead_size = readahead;
   options.fill_cache = fill_cache;
   return std::unique_ptr<rocksdb::Iterator>(db_->NewIterator(options, cf(which)));
 }
@@ -661,7 +700,7 @@ uint64_t Store::DiskBytes() const {
 
 uint64_t Store::CfSstBytes(Cf c) const {
   uint64_t v = 0;
-  db_->GetIntProperty(cf(c), "rocksdb.total-sst-files-size", &v);
+  if (Has(c)) db_->GetIntProperty(cf(c), "rocksdb.total-sst-files-size", &v);
   return v;
 }
 
@@ -716,6 +755,23 @@ void StoreBatch::PutOpChunk(uint64_t run, uint32_t rank, uint32_t lane, uint64_t
   batch_.Put(cf(Cf::kOps), rocksdb::Slice(key, sizeof key), AsSlice(chunk));
 }
 
+void StoreBatch::PutOpCores(uint64_t run, uint32_t rank, uint32_t lane, uint64_t last_op,
+                            std::string_view cores) {
+  char key[keys::kOpKeySize];
+  keys::EncodeOpKey(key, run, rank, lane, last_op);
+  batch_.Put(cf(Cf::kCores), rocksdb::Slice(key, sizeof key), AsSlice(cores));
+}
+
+void StoreBatch::PutCoresComplete(uint64_t run, uint32_t rank) {
+  char version[4];
+  for (int i = 0; i < 4; ++i) version[i] = static_cast<char>(aligner::kOpEventCoreVersion >> (8 * i));
+  batch_.Put(cf(Cf::kCores), keys::CoresCompleteKey(run, rank), rocksdb::Slice(version, sizeof version));
+}
+
+void StoreBatch::DeleteCoresComplete(uint64_t run, uint32_t rank) {
+  batch_.Delete(cf(Cf::kCores), keys::CoresCompleteKey(run, rank));
+}
+
 void StoreBatch::PutCollective(uint64_t run, uint32_t rank, uint64_t communicator, uint64_t seq,
                                uint8_t phase, std::string_view record) {
   batch_.Put(cf(Cf::kCollectives), keys::CollectiveKey(run, communicator, seq, rank, phase),
@@ -746,8 +802,8 @@ void StoreBatch::PutSource(uint64_t run, uint64_t file, std::string_view content
 
 void StoreBatch::DeleteRun(const RunState& run) {
   const std::string begin = keys::RunBegin(run.id), end = keys::RunBegin(run.id + 1);
-  for (Cf c : {Cf::kOps, Cf::kCollectives, Cf::kStrings, Cf::kSources, Cf::kEvents}) {
-    batch_.DeleteRange(cf(c), begin, end);
+  for (Cf c : {Cf::kOps, Cf::kCollectives, Cf::kStrings, Cf::kSources, Cf::kEvents, Cf::kCores}) {
+    if (store_->Has(c)) batch_.DeleteRange(cf(c), begin, end);
   }
   batch_.Delete(cf(Cf::kMeta), keys::MetaRunKey(run.name));
   for (const auto& [rank, state] : run.ranks) {

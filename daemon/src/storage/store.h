@@ -31,7 +31,7 @@
 
 namespace opguard::daemon {
 
-enum class Cf : int { kOps = 0, kCollectives, kStrings, kSources, kEvents, kMeta, kCount };
+enum class Cf : int { kOps = 0, kCollectives, kStrings, kSources, kEvents, kMeta, kCores, kCount };
 inline constexpr int kCfCount = static_cast<int>(Cf::kCount);
 const char* CfName(Cf cf);
 
@@ -58,6 +58,13 @@ class StoreBatch {
   void PutSite(uint64_t run, uint64_t id, const SiteDef& site);
   void PutCommunicator(uint64_t run, uint64_t id, std::string_view def);
   void PutOpChunk(uint64_t run, uint32_t rank, uint32_t lane, uint64_t last_op, std::string_view chunk);
+  // The event cores of the chunk of the same key (OpChunkWriter::FinishCores).
+  void PutOpCores(uint64_t run, uint32_t rank, uint32_t lane, uint64_t last_op, std::string_view cores);
+  // Marks that every chunk of (run, rank) has its cores under their own key
+  // (ingest writes it with the rank's first ops), or that not (with any
+  // chunk stored without them).
+  void PutCoresComplete(uint64_t run, uint32_t rank);
+  void DeleteCoresComplete(uint64_t run, uint32_t rank);
   void PutCollective(uint64_t run, uint32_t rank, uint64_t communicator, uint64_t seq, uint8_t phase,
                      std::string_view record);
   void PutStep(uint64_t run, uint32_t rank, uint32_t lane, uint64_t step, uint64_t op_index,
@@ -157,10 +164,16 @@ class Store {
   // A source file the run sent, if any.
   std::optional<std::string> GetSource(uint64_t run, uint64_t file) const;
   // An iterator over one column family up to `upper` (keys.h builds the
-  // bounds), for whole-range scans: read ahead, and with `fill_cache` false
-  // a scan does not evict the hot blocks ingest and pages use.
-  std::unique_ptr<rocksdb::Iterator> NewScan(Cf cf, const rocksdb::Slice* upper,
-                                             bool fill_cache) const;
+  // bounds), for whole-range scans: read ahead `readahead` bytes at a time,
+  // and with `fill_cache` false a scan does not evict the hot blocks ingest
+  // and pages use. Scans of a few keys pass readahead 0 (RocksDB's own,
+  // from 8 KiB up): each read ahead of theirs would be thrown away.
+  static constexpr size_t kScanReadahead = 2 << 20;
+  std::unique_ptr<rocksdb::Iterator> NewScan(Cf cf, const rocksdb::Slice* upper, bool fill_cache,
+                                             size_t readahead = kScanReadahead) const;
+  // False only for the cores column family of a store written before it,
+  // opened read-only (which cannot add it): its readers use the chunks.
+  bool Has(Cf which) const { return cf(which) != nullptr; }
 
   // A scan of the ops column family (`it`, from NewScan) stopped on a value
   // it cannot read: a blob or block whose checksum does not match, an I/O

@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -253,6 +254,66 @@ TEST_F(LimitsTest, IngestStopsReadingAtItsByteBudget) {
       << "the receiver read past its budget";
   EXPECT_GT(Metric(*d, "opguard_ingest_paused_seconds_total"), 0);
   EXPECT_EQ(Run(*d, "budget")["ops"], uint64_t{kRanks} * kBatches * kOps);
+  StopCleanly(*d);
+}
+
+// `opguard status` names a pause at the in-flight budget, with its reason
+// and start, while senders outrun the store, and no pause once they stop.
+// With a 4 KiB budget every batch (~0.2 MiB) fills it until its group is
+// durable, so the receiver is paused most of the time busy senders run.
+TEST_F(LimitsTest, StatusShowsAPauseAtTheInflightBudgetUntilItFrees) {
+  auto d = StartDaemon({"--ingest.max-inflight-bytes", "4KiB"});
+  ASSERT_TRUE(d->Running());
+  const std::string status = std::string(OPGUARD_CLI_PATH) + " status --daemon " + d->query();
+  auto json_status = [&] {
+    auto r = testing::RunCommand(status + " --json", 20);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return nlohmann::json::parse(r.output, nullptr, false);
+  };
+  ASSERT_TRUE(json_status()["ingest_paused"].empty());
+  constexpr uint32_t kRanks = 2;
+  BatchOptions cheap;
+  cheap.reuse_template = true;
+  std::vector<std::unique_ptr<testing::RankSender>> senders;
+  std::vector<std::thread> threads;
+  const auto t0 = std::chrono::system_clock::now();
+  for (uint32_t r = 0; r < kRanks; ++r) {
+    senders.push_back(std::make_unique<testing::RankSender>(d->ingest(), "paused", r, 300 + r, 500, cheap));
+    threads.emplace_back([&, r] { (void)senders[r]->Run(1000000, Clock::now() + 60s, 8); });
+  }
+  auto wait_for = [](const std::function<bool()>& done) {
+    for (int i = 0; i < 300; ++i) {
+      if (done()) return true;
+      std::this_thread::sleep_for(20ms);
+    }
+    return false;
+  };
+  nlohmann::json pause;
+  EXPECT_TRUE(wait_for([&] {
+    auto s = json_status();
+    if (s["ingest_paused"].size() != 1) return false;
+    pause = s["ingest_paused"][0];
+    return true;
+  })) << "no pause seen while the senders ran";
+  std::string text;
+  EXPECT_TRUE(wait_for([&] {
+    text = testing::RunCommand(status, 20).output;
+    return text.find("paused    at the in-flight byte budget since ") != std::string::npos;
+  })) << text;
+  for (auto& s : senders) s->Abort();
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(pause["cause"], "inflight_budget") << pause.dump();
+  EXPECT_NE(pause["reason"].get<std::string>().find("ingest.max_inflight_bytes (4096)"), std::string::npos)
+      << pause.dump();
+  const auto since = std::chrono::system_clock::time_point(std::chrono::duration_cast<std::chrono::system_clock::duration>(
+      std::chrono::nanoseconds(pause["since_ns"].get<int64_t>())));
+  EXPECT_GE(since, t0 - 1s);
+  EXPECT_LE(since, std::chrono::system_clock::now());
+  EXPECT_NE(text.find("ingest.max_inflight_bytes"), std::string::npos) << text;
+  // What was received is durable once the senders stop: the pause ends.
+  EXPECT_TRUE(wait_for([&] { return json_status()["ingest_paused"].empty(); })) << json_status().dump();
+  text = testing::RunCommand(status, 20).output;
+  EXPECT_EQ(text.find("paused"), std::string::npos) << text;
   StopCleanly(*d);
 }
 
