@@ -1,5 +1,6 @@
 #include "tensor_fingerprint.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string_view>
 #include <vector>
@@ -21,14 +22,40 @@ inline void CopyStrided(uint8_t* out, const uint8_t* src, int64_t count, int64_t
   }
 }
 
+// Copies a `rows` x `cols` plane of `T` whose rows lie 1 element apart and
+// columns `col_stride` elements apart (a transposed matrix: a weight's
+// `t()` in every Linear's backward) into `out` row by row, in square blocks:
+// reading a row walks across columns, each in another cache line, and a
+// block's lines are all reused for its next rows while still in L1.
+template <typename T>
+void CopyTransposed(uint8_t* out, const uint8_t* src, int64_t rows, int64_t cols,
+                    int64_t col_stride) {
+  constexpr int64_t kBlock = 16;
+  constexpr auto kSize = static_cast<int64_t>(sizeof(T));
+  for (int64_t r0 = 0; r0 < rows; r0 += kBlock) {
+    const int64_t r1 = std::min(rows, r0 + kBlock);
+    for (int64_t c0 = 0; c0 < cols; c0 += kBlock) {
+      const int64_t c1 = std::min(cols, c0 + kBlock);
+      for (int64_t r = r0; r < r1; ++r) {
+        for (int64_t c = c0; c < c1; ++c) {
+          T v;
+          std::memcpy(&v, src + (r + c * col_stride) * kSize, sizeof(T));
+          std::memcpy(out + (r * cols + c) * kSize, &v, sizeof(T));
+        }
+      }
+    }
+  }
+}
+
 // Copies the elements of a strided tensor into `buf` in logical (row-major)
 // order. False (nothing copied) above kMaxGatherBytes: the fingerprint then
 // reads the strided tensor itself.
 //
 // Dimensions of size 1 are dropped and neighbours that are contiguous with
 // each other merged first, so that a transposed view walks as few rows as
-// its layout allows; rows whose elements lie apart are copied by element
-// size (views of weights and attention heads: most strided tensors here).
+// its layout allows; a transposed plane is copied in blocks, other rows
+// whose elements lie apart by element size (views of weights and attention
+// heads: most strided tensors here).
 constexpr size_t kMaxGatherBytes = 1u << 20;
 bool GatherLogical(const void* data, size_t element_size, at::IntArrayRef sizes,
                    at::IntArrayRef strides, std::vector<uint8_t>& buf) {
@@ -57,6 +84,32 @@ bool GatherLogical(const void* data, size_t element_size, at::IntArrayRef sizes,
   const int64_t inner = size[ndim - 1];
   const int64_t inner_stride = stride[ndim - 1];
   const size_t row_bytes = static_cast<size_t>(inner) * element_size;
+  // The last two dimensions transposed (the one before the last is the
+  // contiguous one): plane by plane, in blocks.
+  if (ndim >= 2 && stride[ndim - 2] == 1 && inner_stride != 1 &&
+      (element_size == 1 || element_size == 2 || element_size == 4 || element_size == 8)) {
+    const int64_t rows = size[ndim - 2];
+    const size_t plane_bytes = static_cast<size_t>(rows) * row_bytes;
+    c10::SmallVector<int64_t, 8> plane(ndim - 2, 0);
+    int64_t plane_offset = 0;  // in elements, of plane[0 .. ndim-3]
+    for (size_t done = 0; done < numel; done += static_cast<size_t>(rows * inner),
+                out += plane_bytes) {
+      const uint8_t* src = base + plane_offset * static_cast<int64_t>(element_size);
+      switch (element_size) {
+        case 1: CopyTransposed<uint8_t>(out, src, rows, inner, inner_stride); break;
+        case 2: CopyTransposed<uint16_t>(out, src, rows, inner, inner_stride); break;
+        case 4: CopyTransposed<uint32_t>(out, src, rows, inner, inner_stride); break;
+        default: CopyTransposed<uint64_t>(out, src, rows, inner, inner_stride); break;
+      }
+      for (size_t d = ndim - 2; d-- > 0;) {
+        plane_offset += stride[d];
+        if (++plane[d] < size[d]) break;
+        plane_offset -= stride[d] * size[d];
+        plane[d] = 0;
+      }
+    }
+    return true;
+  }
   c10::SmallVector<int64_t, 8> index(ndim, 0);
   int64_t row_offset = 0;  // in elements, of index[0 .. ndim-2]
   for (size_t done = 0; done < numel; done += static_cast<size_t>(inner), out += row_bytes) {
