@@ -1,6 +1,8 @@
 #include "tensor_fingerprint.h"
 
 #include <algorithm>
+#include <immintrin.h>
+
 #include <cstring>
 #include <string_view>
 #include <vector>
@@ -43,6 +45,67 @@ void CopyTransposed(uint8_t* out, const uint8_t* src, int64_t rows, int64_t cols
           std::memcpy(out + (r * cols + c) * kSize, &v, sizeof(T));
         }
       }
+    }
+  }
+}
+
+// CopyTransposed for one 8x8 block of 4-byte elements: eight column loads
+// transposed in registers into eight row stores (shuffles move bits, never
+// interpret them as floats). `col_bytes`, `row_bytes`: the source's column
+// and the output's row pitch.
+__attribute__((target("avx2"))) void Transpose8x8(const uint8_t* src, int64_t col_bytes,
+                                                  uint8_t* out, int64_t row_bytes) {
+  __m256 c0 = _mm256_loadu_ps(reinterpret_cast<const float*>(src));
+  __m256 c1 = _mm256_loadu_ps(reinterpret_cast<const float*>(src + col_bytes));
+  __m256 c2 = _mm256_loadu_ps(reinterpret_cast<const float*>(src + 2 * col_bytes));
+  __m256 c3 = _mm256_loadu_ps(reinterpret_cast<const float*>(src + 3 * col_bytes));
+  __m256 c4 = _mm256_loadu_ps(reinterpret_cast<const float*>(src + 4 * col_bytes));
+  __m256 c5 = _mm256_loadu_ps(reinterpret_cast<const float*>(src + 5 * col_bytes));
+  __m256 c6 = _mm256_loadu_ps(reinterpret_cast<const float*>(src + 6 * col_bytes));
+  __m256 c7 = _mm256_loadu_ps(reinterpret_cast<const float*>(src + 7 * col_bytes));
+  const __m256 t0 = _mm256_unpacklo_ps(c0, c1), t1 = _mm256_unpackhi_ps(c0, c1);
+  const __m256 t2 = _mm256_unpacklo_ps(c2, c3), t3 = _mm256_unpackhi_ps(c2, c3);
+  const __m256 t4 = _mm256_unpacklo_ps(c4, c5), t5 = _mm256_unpackhi_ps(c4, c5);
+  const __m256 t6 = _mm256_unpacklo_ps(c6, c7), t7 = _mm256_unpackhi_ps(c6, c7);
+  const __m256 u0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 u1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 u2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 u3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 u4 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 u5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 u6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 u7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
+  _mm256_storeu_ps(reinterpret_cast<float*>(out + 0 * row_bytes), _mm256_permute2f128_ps(u0, u4, 0x20));
+  _mm256_storeu_ps(reinterpret_cast<float*>(out + 1 * row_bytes), _mm256_permute2f128_ps(u1, u5, 0x20));
+  _mm256_storeu_ps(reinterpret_cast<float*>(out + 2 * row_bytes), _mm256_permute2f128_ps(u2, u6, 0x20));
+  _mm256_storeu_ps(reinterpret_cast<float*>(out + 3 * row_bytes), _mm256_permute2f128_ps(u3, u7, 0x20));
+  _mm256_storeu_ps(reinterpret_cast<float*>(out + 4 * row_bytes), _mm256_permute2f128_ps(u0, u4, 0x31));
+  _mm256_storeu_ps(reinterpret_cast<float*>(out + 5 * row_bytes), _mm256_permute2f128_ps(u1, u5, 0x31));
+  _mm256_storeu_ps(reinterpret_cast<float*>(out + 6 * row_bytes), _mm256_permute2f128_ps(u2, u6, 0x31));
+  _mm256_storeu_ps(reinterpret_cast<float*>(out + 7 * row_bytes), _mm256_permute2f128_ps(u3, u7, 0x31));
+}
+
+// CopyTransposed<uint32_t> (float32, int32: most tensors), the whole 8x8
+// blocks in AVX2 registers where the CPU has AVX2, the edges element by
+// element.
+void CopyTransposed4(uint8_t* out, const uint8_t* src, int64_t rows, int64_t cols,
+                     int64_t col_stride) {
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (!avx2 || rows < 8 || cols < 8) {
+    CopyTransposed<uint32_t>(out, src, rows, cols, col_stride);
+    return;
+  }
+  const int64_t full_rows = rows / 8 * 8, full_cols = cols / 8 * 8;
+  for (int64_t r0 = 0; r0 < full_rows; r0 += 8) {
+    for (int64_t c0 = 0; c0 < full_cols; c0 += 8) {
+      Transpose8x8(src + (r0 + c0 * col_stride) * 4, col_stride * 4, out + (r0 * cols + c0) * 4,
+                   cols * 4);
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    // The columns right of the blocks in every row, all columns in the rows below them.
+    for (int64_t c = r < full_rows ? full_cols : 0; c < cols; ++c) {
+      std::memcpy(out + (r * cols + c) * 4, src + (r + c * col_stride) * 4, 4);
     }
   }
 }
@@ -98,7 +161,7 @@ bool GatherLogical(const void* data, size_t element_size, at::IntArrayRef sizes,
       switch (element_size) {
         case 1: CopyTransposed<uint8_t>(out, src, rows, inner, inner_stride); break;
         case 2: CopyTransposed<uint16_t>(out, src, rows, inner, inner_stride); break;
-        case 4: CopyTransposed<uint32_t>(out, src, rows, inner, inner_stride); break;
+        case 4: CopyTransposed4(out, src, rows, inner, inner_stride); break;
         default: CopyTransposed<uint64_t>(out, src, rows, inner, inner_stride); break;
       }
       for (size_t d = ndim - 2; d-- > 0;) {
