@@ -217,25 +217,41 @@ inline uint64_t Load64(const uint8_t* p) {
   return w;
 }
 
+// The key block of word `word` (the stream's words come in blocks of
+// kBlockWords with keys of their own): its keys, the word's index in it, and
+// where the block ends, or `end` if that comes first.
+struct BlockSpan {
+  spec::BlockKeys keys;
+  uint32_t index;
+  uint64_t end;
+};
+
+inline BlockSpan SpanAt(uint64_t word, uint64_t end) {
+  const uint64_t block = word / spec::kBlockWords;
+  return {spec::BlockKey(block), static_cast<uint32_t>(word % spec::kBlockWords),
+          std::min(end, (block + 1) * spec::kBlockWords)};
+}
+
+// Adds the words from `word` to the end of `span` one at a time, advancing
+// `p` and `word`: the scalar path, and the vector paths' last words.
+inline void AddWordsOneByOne(const uint8_t*& p, uint64_t& word, const BlockSpan& span, uint32_t i,
+                             uint64_t& a0, uint64_t& a1) {
+  for (; word < span.end; ++word, ++i, p += 8) {
+    const uint64_t w = Load64(p);
+    a0 += spec::TermA(w, kKeys.a[i] + span.keys.a);
+    a1 += spec::TermB(w, kKeys.b[i] + span.keys.b);
+  }
+}
+
 // Adds words [first_word, first_word + nwords) read from `p` (which points at
 // word first_word; any alignment). Reference loop: the AVX2 path must match it.
 void HashWordsScalar(const uint8_t* p, uint64_t first_word, uint64_t nwords, spec::Lanes& lanes) {
   uint64_t word = first_word;
   const uint64_t end = first_word + nwords;
-  uint64_t a0 = lanes.a0, a1 = lanes.a1;
   while (word < end) {
-    const uint64_t block = word / spec::kBlockWords;
-    const spec::BlockKeys bk = spec::BlockKey(block);
-    const uint64_t block_end = std::min(end, (block + 1) * spec::kBlockWords);
-    for (uint32_t i = static_cast<uint32_t>(word % spec::kBlockWords); word < block_end;
-         ++word, ++i, p += 8) {
-      const uint64_t w = Load64(p);
-      a0 += spec::TermA(w, kKeys.a[i] + bk.a);
-      a1 += spec::TermB(w, kKeys.b[i] + bk.b);
-    }
+    const BlockSpan span = SpanAt(word, end);
+    AddWordsOneByOne(p, word, span, span.index, lanes.a0, lanes.a1);
   }
-  lanes.a0 = a0;
-  lanes.a1 = a1;
 }
 
 __attribute__((target("avx2"))) inline uint64_t HorizontalSum(__m256i v) {
@@ -251,12 +267,11 @@ __attribute__((target("avx2"))) void HashWordsAvx2(const uint8_t* p, uint64_t fi
   __m256i acc_a = _mm256_setzero_si256(), acc_b = _mm256_setzero_si256();
   uint64_t a0 = 0, a1 = 0;  // scalar remainders
   while (word < end) {
-    const uint64_t block = word / spec::kBlockWords;
-    const spec::BlockKeys bk = spec::BlockKey(block);
-    const uint64_t block_end = std::min(end, (block + 1) * spec::kBlockWords);
-    uint32_t i = static_cast<uint32_t>(word % spec::kBlockWords);
-    const __m256i ka = _mm256_set1_epi64x(static_cast<int64_t>(bk.a));
-    const __m256i kb = _mm256_set1_epi64x(static_cast<int64_t>(bk.b));
+    const BlockSpan span = SpanAt(word, end);
+    const uint64_t block_end = span.end;
+    uint32_t i = span.index;
+    const __m256i ka = _mm256_set1_epi64x(static_cast<int64_t>(span.keys.a));
+    const __m256i kb = _mm256_set1_epi64x(static_cast<int64_t>(span.keys.b));
     // Two words-of-four per iteration keeps two independent multiply chains in flight.
     for (; word + 8 <= block_end; word += 8, i += 8, p += 64) {
       const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
@@ -283,11 +298,7 @@ __attribute__((target("avx2"))) void HashWordsAvx2(const uint8_t* p, uint64_t fi
       acc_b = _mm256_add_epi64(acc_b, _mm256_add_epi64(pb0, w0));
       acc_b = _mm256_add_epi64(acc_b, _mm256_add_epi64(pb1, w1));
     }
-    for (; word < block_end; ++word, ++i, p += 8) {
-      const uint64_t w = Load64(p);
-      a0 += spec::TermA(w, kKeys.a[i] + bk.a);
-      a1 += spec::TermB(w, kKeys.b[i] + bk.b);
-    }
+    AddWordsOneByOne(p, word, span, i, a0, a1);
   }
   lanes.a0 += a0 + HorizontalSum(acc_a);
   lanes.a1 += a1 + HorizontalSum(acc_b);
@@ -326,12 +337,11 @@ __attribute__((target("avx512f"))) void HashWordsAvx512(const uint8_t* p, uint64
   __m512i acc_b0 = _mm512_setzero_si512(), acc_b1 = _mm512_setzero_si512();
   uint64_t a0 = 0, a1 = 0;  // scalar remainders
   while (word < end) {
-    const uint64_t block = word / spec::kBlockWords;
-    const spec::BlockKeys bk = spec::BlockKey(block);
-    const uint64_t block_end = std::min(end, (block + 1) * spec::kBlockWords);
-    uint32_t i = static_cast<uint32_t>(word % spec::kBlockWords);
-    const __m512i ka = _mm512_set1_epi64(static_cast<int64_t>(bk.a));
-    const __m512i kb = _mm512_set1_epi64(static_cast<int64_t>(bk.b));
+    const BlockSpan span = SpanAt(word, end);
+    const uint64_t block_end = span.end;
+    uint32_t i = span.index;
+    const __m512i ka = _mm512_set1_epi64(static_cast<int64_t>(span.keys.a));
+    const __m512i kb = _mm512_set1_epi64(static_cast<int64_t>(span.keys.b));
     for (; word + 16 <= block_end; word += 16, i += 16, p += 128) {
       Add8Words(_mm512_loadu_si512(p), i, ka, kb, acc_a0, acc_b0);
       Add8Words(_mm512_loadu_si512(p + 64), i + 8, ka, kb, acc_a1, acc_b1);
@@ -339,11 +349,7 @@ __attribute__((target("avx512f"))) void HashWordsAvx512(const uint8_t* p, uint64
     for (; word + 8 <= block_end; word += 8, i += 8, p += 64) {
       Add8Words(_mm512_loadu_si512(p), i, ka, kb, acc_a0, acc_b0);
     }
-    for (; word < block_end; ++word, ++i, p += 8) {
-      const uint64_t w = Load64(p);
-      a0 += spec::TermA(w, kKeys.a[i] + bk.a);
-      a1 += spec::TermB(w, kKeys.b[i] + bk.b);
-    }
+    AddWordsOneByOne(p, word, span, i, a0, a1);
   }
   lanes.a0 += a0 + static_cast<uint64_t>(_mm512_reduce_add_epi64(_mm512_add_epi64(acc_a0, acc_a1)));
   lanes.a1 += a1 + static_cast<uint64_t>(_mm512_reduce_add_epi64(_mm512_add_epi64(acc_b0, acc_b1)));
