@@ -110,6 +110,20 @@ void CopyTransposed4(uint8_t* out, const uint8_t* src, int64_t rows, int64_t col
   }
 }
 
+using Dims = c10::SmallVector<int64_t, 8>;
+
+// Steps the index `index` of dimensions [0, dims) to the next one in
+// row-major order, and `offset` (in elements) with it.
+inline void NextIndex(Dims& index, int64_t& offset, const Dims& size, const Dims& stride,
+                      size_t dims) {
+  for (size_t d = dims; d-- > 0;) {
+    offset += stride[d];
+    if (++index[d] < size[d]) return;
+    offset -= stride[d] * size[d];
+    index[d] = 0;
+  }
+}
+
 // Copies the elements of a strided tensor into `buf` in logical (row-major)
 // order. False (nothing copied) above kMaxGatherBytes: the fingerprint then
 // reads the strided tensor itself.
@@ -125,7 +139,7 @@ bool GatherLogical(const void* data, size_t element_size, at::IntArrayRef sizes,
   size_t numel = 1;
   for (int64_t d : sizes) numel *= static_cast<size_t>(d);
   if (sizes.empty() || numel == 0 || numel * element_size > kMaxGatherBytes) return false;
-  c10::SmallVector<int64_t, 8> size, stride;  // collapsed, outermost first
+  Dims size, stride;  // collapsed, outermost first
   for (size_t d = 0; d < sizes.size(); ++d) {
     if (sizes[d] == 1) continue;
     if (!size.empty() && stride.back() == strides[d] * sizes[d]) {
@@ -153,7 +167,7 @@ bool GatherLogical(const void* data, size_t element_size, at::IntArrayRef sizes,
       (element_size == 1 || element_size == 2 || element_size == 4 || element_size == 8)) {
     const int64_t rows = size[ndim - 2];
     const size_t plane_bytes = static_cast<size_t>(rows) * row_bytes;
-    c10::SmallVector<int64_t, 8> plane(ndim - 2, 0);
+    Dims plane(ndim - 2, 0);
     int64_t plane_offset = 0;  // in elements, of plane[0 .. ndim-3]
     for (size_t done = 0; done < numel; done += static_cast<size_t>(rows * inner),
                 out += plane_bytes) {
@@ -164,16 +178,11 @@ bool GatherLogical(const void* data, size_t element_size, at::IntArrayRef sizes,
         case 4: CopyTransposed4(out, src, rows, inner, inner_stride); break;
         default: CopyTransposed<uint64_t>(out, src, rows, inner, inner_stride); break;
       }
-      for (size_t d = ndim - 2; d-- > 0;) {
-        plane_offset += stride[d];
-        if (++plane[d] < size[d]) break;
-        plane_offset -= stride[d] * size[d];
-        plane[d] = 0;
-      }
+      NextIndex(plane, plane_offset, size, stride, ndim - 2);
     }
     return true;
   }
-  c10::SmallVector<int64_t, 8> index(ndim, 0);
+  Dims index(ndim, 0);
   int64_t row_offset = 0;  // in elements, of index[0 .. ndim-2]
   for (size_t done = 0; done < numel; done += static_cast<size_t>(inner), out += row_bytes) {
     const uint8_t* src = base + row_offset * static_cast<int64_t>(element_size);
@@ -192,12 +201,7 @@ bool GatherLogical(const void* data, size_t element_size, at::IntArrayRef sizes,
           }
       }
     }
-    for (size_t d = ndim - 1; d-- > 0;) {
-      row_offset += stride[d];
-      if (++index[d] < size[d]) break;
-      row_offset -= stride[d] * size[d];
-      index[d] = 0;
-    }
+    NextIndex(index, row_offset, size, stride, ndim - 1);
   }
   return true;
 }
