@@ -20,6 +20,7 @@ namespace {
 
 using opguard::fingerprint::DType;
 
+constexpr int64_t k1MiB = int64_t{1} << 20;
 constexpr int64_t k64MiB = int64_t{64} << 20;
 constexpr int64_t k1GiB = int64_t{1} << 30;
 
@@ -64,7 +65,8 @@ void BM_XXH3_128(benchmark::State& state) {
 #endif
 
 // range(1): threads (0 = all cores); range(2): 1 = with statistics (fp32),
-// 0 = digest only; range(3): 1 = force the scalar path.
+// 0 = digest only; range(3): the path, 0 = the widest the CPU runs
+// (AVX-512 where it has it), 1 = scalar, 2 = AVX2.
 void BM_Fingerprint(benchmark::State& state) {
   const int64_t size = state.range(0);
   const uint8_t* src = Buffer(size);
@@ -72,8 +74,9 @@ void BM_Fingerprint(benchmark::State& state) {
   opguard::fingerprint::internal::HostOptions o;
   o.threads = static_cast<int>(state.range(1));
   o.stats = state.range(2) != 0;
-  o.isa = state.range(3) ? opguard::fingerprint::internal::Isa::kScalar
-                         : opguard::fingerprint::internal::Isa::kAuto;
+  using opguard::fingerprint::internal::Isa;
+  constexpr Isa kIsas[] = {Isa::kAuto, Isa::kScalar, Isa::kAvx2};
+  o.isa = kIsas[state.range(3)];
   for (auto _ : state) {
     auto f =
         opguard::fingerprint::internal::FingerprintHostWith({src, DType::kFloat32, shape, {}}, o);
@@ -87,7 +90,13 @@ void Sizes(benchmark::internal::Benchmark* b) {
 }
 
 void FpArgs(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"bytes", "threads", "stats", "scalar"});
+  b->ArgNames({"bytes", "threads", "stats", "isa"});
+  // 1 MiB stays in cache, as most tensors a training step hashes do: the
+  // hash and the statistics alone, without memory's bound.
+  for (int64_t isa : {0, 2}) {
+    b->Args({k1MiB, 1, 0, isa});
+    b->Args({k1MiB, 1, 1, isa});
+  }
   for (int64_t size : {k64MiB, k1GiB}) {
     b->Args({size, 1, 0, 0});  // digest, one thread: the XXH3 comparison
     b->Args({size, 1, 0, 1});  // scalar path, for reference

@@ -5,6 +5,9 @@ measured in one run and interleaved so that machine noise hits all three alike:
   opguard    OPGUARD=1, recording into a real opguardd (--local, temp dir)
   dispatch   a Python TorchDispatchMode hashing every op output (the approach
              of PyTorch's DebugMode), no OpGuard
+  baseline   (with --baseline-stage DIR) OPGUARD=1 with the opguard package
+             staged in DIR: another build of OpGuard, interleaved with this
+             one, so that a change is measured under the same noise
   in_process OPGUARD=1 with every other step (in a seeded order) inside
              opguard.paused(): recorded against unrecorded steps of the same
              process, which the machine's drift between processes cannot skew
@@ -20,6 +23,7 @@ the CPU figures show the work added, and where: a wall ratio above the
 training thread's CPU ratio is time the thread spent waiting for a core.
 
 usage: step_overhead.py BUILD_DIR [--steps N] [--rounds R] [--ranks K] [--d-model D]
+                        [--baseline-stage DIR]
 (--d-model: the model's width, 32 by default as in the tests; wider models
 have larger ops, over which OpGuard's per-op cost is spread.)
 OPGUARD_TEST_PYTHON and OPGUARD_PYTHON_STAGE choose another interpreter and
@@ -56,6 +60,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--d-model", type=int, default=32)
+    parser.add_argument("--baseline-stage", help="a staged opguard package to record with too")
     args = parser.parse_args()
 
     tmp = tempfile.mkdtemp(prefix="opguard-overhead-")
@@ -65,6 +70,12 @@ def main():
         # (which reads no user site) otherwise.
         os.environ.setdefault("OPGUARD_PYTHON_STAGE", os.path.join(args.build, "python"))
         site = harness.UserSite(tmp)
+        baseline_site = None
+        if args.baseline_stage:
+            stage = os.environ["OPGUARD_PYTHON_STAGE"]
+            os.environ["OPGUARD_PYTHON_STAGE"] = args.baseline_stage
+            baseline_site = harness.UserSite(os.path.join(tmp, "baseline"))
+            os.environ["OPGUARD_PYTHON_STAGE"] = stage
         daemon = subprocess.Popen([os.path.join(args.build, "daemon", "opguardd"), "--local",
                                    os.path.join(tmp, "d"), "--http", "off"],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -81,6 +92,8 @@ def main():
             "plain": ({}, []),
             "opguard": ({"OPGUARD": "1", "OPGUARD_ENDPOINT": f"ipc://{tmp}/d/ingest.sock"}, []),
             "dispatch": ({}, ["--hash-every-output"]),
+            **({"baseline": ({"OPGUARD": "1", "OPGUARD_ENDPOINT": f"ipc://{tmp}/d/ingest.sock"}, [])}
+               if baseline_site else {}),
             # One process, every other step inside opguard.paused(): recorded
             # and unrecorded steps under the same conditions.
             "in_process": ({"OPGUARD": "1", "OPGUARD_ENDPOINT": f"ipc://{tmp}/d/ingest.sock"},
@@ -96,10 +109,14 @@ def main():
             for mode, (extra_env, extra_args) in modes.items():
                 times = os.path.join(tmp, f"{mode}-{round_}.json")
                 env = dict(base_env, **extra_env)
-                if mode in ("opguard", "in_process"):
+                if mode in ("opguard", "in_process", "baseline"):
                     env["OPGUARD_RUN"] = f"{mode}-{round_}"
+                python = site.python
+                if mode == "baseline":
+                    env = dict(baseline_site.env(), **extra_env, OPGUARD_RUN=f"{mode}-{round_}")
+                    python = baseline_site.python
                 before = process_cpu_s(daemon.pid)
-                command = [site.python, TRAIN, "--spawn", str(args.ranks), "--steps", str(args.steps),
+                command = [python, TRAIN, "--spawn", str(args.ranks), "--steps", str(args.steps),
                            "--times", times, "--d-model", str(args.d_model), *extra_args]
                 subprocess.run(command, env=env, check=True, capture_output=True, timeout=900)
                 if mode == "opguard":
@@ -122,7 +139,7 @@ def main():
         if not any(r["name"] == "opguard-0" and r["ops"] > 0 for r in runs["runs"]):
             sys.exit("step_overhead: the OPGUARD=1 runs recorded nothing (is the opguard "
                      "package active in this Python?)")
-        separate = ("plain", "opguard", "dispatch")  # one mode per process
+        separate = ("plain", "opguard", "dispatch", *(("baseline",) if baseline_site else ()))
         medians = {mode: statistics.median(samples[mode]) for mode in separate}
         cpu_medians = {mode: statistics.median(cpu[mode]) for mode in separate}
         thread_medians = {mode: statistics.median(thread_cpu[mode]) for mode in separate}

@@ -1,6 +1,6 @@
 // CPU path of the fingerprint (docs/fingerprint.md). The per-word math comes
 // from fingerprint_spec.h, shared with the CUDA kernels; this file only
-// decides how to walk the bytes (tiles, threads, AVX2 or scalar).
+// decides how to walk the bytes (tiles, threads, AVX-512, AVX2 or scalar).
 #include "opguard/fingerprint/fingerprint.h"
 
 #include <cpuid.h>
@@ -180,6 +180,12 @@ bool CpuHasAvx2() {
   return has;
 }
 
+bool CpuHasAvx512() {
+  // __builtin_cpu_supports also checks that the OS saves the ZMM registers.
+  static const bool has = CpuHasAvx2() && __builtin_cpu_supports("avx512f");
+  return has;
+}
+
 }  // namespace internal
 
 namespace {
@@ -211,25 +217,41 @@ inline uint64_t Load64(const uint8_t* p) {
   return w;
 }
 
+// The key block of word `word` (the stream's words come in blocks of
+// kBlockWords with keys of their own): its keys, the word's index in it, and
+// where the block ends, or `end` if that comes first.
+struct BlockSpan {
+  spec::BlockKeys keys;
+  uint32_t index;
+  uint64_t end;
+};
+
+inline BlockSpan SpanAt(uint64_t word, uint64_t end) {
+  const uint64_t block = word / spec::kBlockWords;
+  return {spec::BlockKey(block), static_cast<uint32_t>(word % spec::kBlockWords),
+          std::min(end, (block + 1) * spec::kBlockWords)};
+}
+
+// Adds the words from `word` to the end of `span` one at a time, advancing
+// `p` and `word`: the scalar path, and the vector paths' last words.
+inline void AddWordsOneByOne(const uint8_t*& p, uint64_t& word, const BlockSpan& span, uint32_t i,
+                             uint64_t& a0, uint64_t& a1) {
+  for (; word < span.end; ++word, ++i, p += 8) {
+    const uint64_t w = Load64(p);
+    a0 += spec::TermA(w, kKeys.a[i] + span.keys.a);
+    a1 += spec::TermB(w, kKeys.b[i] + span.keys.b);
+  }
+}
+
 // Adds words [first_word, first_word + nwords) read from `p` (which points at
 // word first_word; any alignment). Reference loop: the AVX2 path must match it.
 void HashWordsScalar(const uint8_t* p, uint64_t first_word, uint64_t nwords, spec::Lanes& lanes) {
   uint64_t word = first_word;
   const uint64_t end = first_word + nwords;
-  uint64_t a0 = lanes.a0, a1 = lanes.a1;
   while (word < end) {
-    const uint64_t block = word / spec::kBlockWords;
-    const spec::BlockKeys bk = spec::BlockKey(block);
-    const uint64_t block_end = std::min(end, (block + 1) * spec::kBlockWords);
-    for (uint32_t i = static_cast<uint32_t>(word % spec::kBlockWords); word < block_end;
-         ++word, ++i, p += 8) {
-      const uint64_t w = Load64(p);
-      a0 += spec::TermA(w, kKeys.a[i] + bk.a);
-      a1 += spec::TermB(w, kKeys.b[i] + bk.b);
-    }
+    const BlockSpan span = SpanAt(word, end);
+    AddWordsOneByOne(p, word, span, span.index, lanes.a0, lanes.a1);
   }
-  lanes.a0 = a0;
-  lanes.a1 = a1;
 }
 
 __attribute__((target("avx2"))) inline uint64_t HorizontalSum(__m256i v) {
@@ -245,12 +267,11 @@ __attribute__((target("avx2"))) void HashWordsAvx2(const uint8_t* p, uint64_t fi
   __m256i acc_a = _mm256_setzero_si256(), acc_b = _mm256_setzero_si256();
   uint64_t a0 = 0, a1 = 0;  // scalar remainders
   while (word < end) {
-    const uint64_t block = word / spec::kBlockWords;
-    const spec::BlockKeys bk = spec::BlockKey(block);
-    const uint64_t block_end = std::min(end, (block + 1) * spec::kBlockWords);
-    uint32_t i = static_cast<uint32_t>(word % spec::kBlockWords);
-    const __m256i ka = _mm256_set1_epi64x(static_cast<int64_t>(bk.a));
-    const __m256i kb = _mm256_set1_epi64x(static_cast<int64_t>(bk.b));
+    const BlockSpan span = SpanAt(word, end);
+    const uint64_t block_end = span.end;
+    uint32_t i = span.index;
+    const __m256i ka = _mm256_set1_epi64x(static_cast<int64_t>(span.keys.a));
+    const __m256i kb = _mm256_set1_epi64x(static_cast<int64_t>(span.keys.b));
     // Two words-of-four per iteration keeps two independent multiply chains in flight.
     for (; word + 8 <= block_end; word += 8, i += 8, p += 64) {
       const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
@@ -277,23 +298,75 @@ __attribute__((target("avx2"))) void HashWordsAvx2(const uint8_t* p, uint64_t fi
       acc_b = _mm256_add_epi64(acc_b, _mm256_add_epi64(pb0, w0));
       acc_b = _mm256_add_epi64(acc_b, _mm256_add_epi64(pb1, w1));
     }
-    for (; word < block_end; ++word, ++i, p += 8) {
-      const uint64_t w = Load64(p);
-      a0 += spec::TermA(w, kKeys.a[i] + bk.a);
-      a1 += spec::TermB(w, kKeys.b[i] + bk.b);
-    }
+    AddWordsOneByOne(p, word, span, i, a0, a1);
   }
   lanes.a0 += a0 + HorizontalSum(acc_a);
   lanes.a1 += a1 + HorizontalSum(acc_b);
 }
 
+// GCC 12's AVX-512 intrinsics start their results from a self-initialised
+// _mm512_undefined_epi32(), which -W(maybe-)uninitialized flags once inlined.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
+// The terms of eight words at table index k.. of a block with keys ka, kb
+// (a function, not a lambda: lambdas do not inherit the target attribute).
+// _MM_PERM_CDAB swaps the 32-bit halves of each 64-bit word (swap32).
+__attribute__((target("avx512f"))) inline void Add8Words(__m512i w, uint32_t k, __m512i ka,
+                                                        __m512i kb, __m512i& acc_a,
+                                                        __m512i& acc_b) {
+  const __m512i x = _mm512_xor_si512(w, _mm512_add_epi64(_mm512_loadu_si512(kKeys.a + k), ka));
+  const __m512i y = _mm512_xor_si512(w, _mm512_add_epi64(_mm512_loadu_si512(kKeys.b + k), kb));
+  acc_a = _mm512_add_epi64(acc_a, _mm512_add_epi64(_mm512_mul_epu32(x, _mm512_srli_epi64(x, 32)),
+                                                   _mm512_shuffle_epi32(w, _MM_PERM_CDAB)));
+  acc_b = _mm512_add_epi64(acc_b, _mm512_add_epi64(_mm512_mul_epu32(y, _mm512_srli_epi64(y, 32)), w));
+}
+
+// HashWordsAvx2 with eight words per register: the same terms, added in
+// another order (addition mod 2^64 commutes), about twice the bytes per
+// cycle where the CPU has AVX-512 (the bench: fingerprint_bench).
+__attribute__((target("avx512f"))) void HashWordsAvx512(const uint8_t* p, uint64_t first_word,
+                                                       uint64_t nwords, spec::Lanes& lanes) {
+  uint64_t word = first_word;
+  const uint64_t end = first_word + nwords;
+  // Two accumulators per lane keep two independent add chains in flight.
+  __m512i acc_a0 = _mm512_setzero_si512(), acc_a1 = _mm512_setzero_si512();
+  __m512i acc_b0 = _mm512_setzero_si512(), acc_b1 = _mm512_setzero_si512();
+  uint64_t a0 = 0, a1 = 0;  // scalar remainders
+  while (word < end) {
+    const BlockSpan span = SpanAt(word, end);
+    const uint64_t block_end = span.end;
+    uint32_t i = span.index;
+    const __m512i ka = _mm512_set1_epi64(static_cast<int64_t>(span.keys.a));
+    const __m512i kb = _mm512_set1_epi64(static_cast<int64_t>(span.keys.b));
+    for (; word + 16 <= block_end; word += 16, i += 16, p += 128) {
+      Add8Words(_mm512_loadu_si512(p), i, ka, kb, acc_a0, acc_b0);
+      Add8Words(_mm512_loadu_si512(p + 64), i + 8, ka, kb, acc_a1, acc_b1);
+    }
+    for (; word + 8 <= block_end; word += 8, i += 8, p += 64) {
+      Add8Words(_mm512_loadu_si512(p), i, ka, kb, acc_a0, acc_b0);
+    }
+    AddWordsOneByOne(p, word, span, i, a0, a1);
+  }
+  lanes.a0 += a0 + static_cast<uint64_t>(_mm512_reduce_add_epi64(_mm512_add_epi64(acc_a0, acc_a1)));
+  lanes.a1 += a1 + static_cast<uint64_t>(_mm512_reduce_add_epi64(_mm512_add_epi64(acc_b0, acc_b1)));
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
 using HashFn = void (*)(const uint8_t*, uint64_t, uint64_t, spec::Lanes&);
 
+// The widest path the CPU runs, at most the one `isa` asks for.
 HashFn SelectHash(Isa isa) {
-  if (isa == Isa::kScalar) return HashWordsScalar;
-  if (isa == Isa::kAvx2 || internal::CpuHasAvx2()) {
-    return internal::CpuHasAvx2() ? HashWordsAvx2 : HashWordsScalar;
+  if ((isa == Isa::kAuto || isa == Isa::kAvx512) && internal::CpuHasAvx512()) {
+    return HashWordsAvx512;
   }
+  if (isa != Isa::kScalar && internal::CpuHasAvx2()) return HashWordsAvx2;
   return HashWordsScalar;
 }
 
@@ -625,6 +698,97 @@ void StatsTileAvx2(DType d, const uint8_t* p, uint64_t len, TileFloat* f, TileIn
 #pragma GCC pop_options
 #endif
 
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,f16c,avx512f"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,f16c,avx512f")
+#endif
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // as for HashWordsAvx512
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
+// Avx2Float32Tile with FloatAcc8's eight slots of sum and l2 in one register
+// each: the same additions in the same order per slot, half the
+// instructions. A group with a non-finite value goes through FloatAcc8::Add
+// (what Add4 computes), with the register slots spilled around it.
+inline TileFloat Avx512Float32Tile(const uint8_t* p, uint64_t n) {
+  FloatAcc8 acc;
+  __m512d s = _mm512_loadu_pd(acc.s), q = _mm512_loadu_pd(acc.q);
+  __m512d mn_d = _mm512_loadu_pd(acc.mn), mx_d = _mm512_loadu_pd(acc.mx);
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256 inf = _mm256_set1_ps(std::numeric_limits<float>::infinity());
+  const __m256 neg_inf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  __m256 mn = inf, mx = neg_inf;
+  // Float min/max folded into the double slots, newer values second (see
+  // Avx2Float32Tile).
+  auto fold = [&] {
+    mn_d = _mm512_min_pd(mn_d, _mm512_cvtps_pd(mn));
+    mx_d = _mm512_max_pd(mx_d, _mm512_cvtps_pd(mx));
+    mn = inf;
+    mx = neg_inf;
+  };
+  uint64_t e = 0;
+  for (; e + 8 <= n; e += 8) {
+    const __m256 f = _mm256_loadu_ps(reinterpret_cast<const float*>(p + e * 4));
+    const __m256 finite = _mm256_cmp_ps(_mm256_andnot_ps(sign, f), inf, _CMP_LT_OQ);
+    if (_mm256_movemask_ps(finite) == 0xFF) {
+      const __m512d v = _mm512_cvtps_pd(f);
+      mn = _mm256_min_ps(mn, f);
+      mx = _mm256_max_ps(mx, f);
+      s = _mm512_add_pd(s, v);
+      q = _mm512_add_pd(q, _mm512_mul_pd(v, v));
+    } else {
+      fold();
+      _mm512_storeu_pd(acc.s, s);
+      _mm512_storeu_pd(acc.q, q);
+      _mm512_storeu_pd(acc.mn, mn_d);
+      _mm512_storeu_pd(acc.mx, mx_d);
+      for (uint64_t j = 0; j < 8; ++j) {
+        float v;
+        std::memcpy(&v, p + (e + j) * 4, 4);
+        acc.Add(j, static_cast<double>(v));
+      }
+      s = _mm512_loadu_pd(acc.s);
+      q = _mm512_loadu_pd(acc.q);
+      mn_d = _mm512_loadu_pd(acc.mn);
+      mx_d = _mm512_loadu_pd(acc.mx);
+    }
+  }
+  fold();
+  _mm512_storeu_pd(acc.s, s);
+  _mm512_storeu_pd(acc.q, q);
+  _mm512_storeu_pd(acc.mn, mn_d);
+  _mm512_storeu_pd(acc.mx, mx_d);
+  for (; e < n; ++e) {
+    float v;
+    std::memcpy(&v, p + e * 4, 4);
+    acc.Add(e % 8, static_cast<double>(v));
+  }
+  return acc.Finish(n);
+}
+
+void StatsTileAvx512(DType d, const uint8_t* p, uint64_t len, TileFloat* f, TileInt* i) {
+  if (d == DType::kFloat32 || d == DType::kComplex64) {
+    *f = Avx512Float32Tile(p, len / 4);
+  } else {
+    StatsTileAvx2(d, p, len, f, i);
+  }
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
 // ---- walking the tensor -----------------------------------------------------------
 
 // Copies logical bytes [offset, offset + len) of a strided tensor into `out`.
@@ -695,8 +859,9 @@ Fingerprint FingerprintHostWith(const TensorView& tensor, const HostOptions& opt
   const uint64_t tile = std::max<uint64_t>(16, options.tile_bytes / 16 * 16);
   const uint64_t tiles = (total + tile - 1) / tile;
   const HashFn hash = SelectHash(options.isa);
-  const bool avx2 = hash == HashWordsAvx2;
-  const auto stats_tile = avx2 ? StatsTileAvx2 : StatsTileScalar;
+  const auto stats_tile = hash == HashWordsAvx512 ? StatsTileAvx512
+                          : hash == HashWordsAvx2 ? StatsTileAvx2
+                                                  : StatsTileScalar;
   const bool floating = IsFloating(tensor.dtype);
 
   int threads = options.threads;

@@ -9,7 +9,8 @@
 
 namespace opguard::fingerprint::internal {
 
-enum class Isa { kAuto, kScalar, kAvx2 };
+// kAuto: the widest the CPU runs; the others at most that one.
+enum class Isa { kAuto, kScalar, kAvx2, kAvx512 };
 
 // The stats fold fixed-size tiles of the logical byte stream in order, which
 // is what makes sum/l2 independent of the thread count.
@@ -26,6 +27,8 @@ struct HostOptions {
 
 // True when this CPU runs the AVX2 path (checked once at runtime).
 bool CpuHasAvx2();
+// True when it also runs the AVX-512 hash (AVX-512F).
+bool CpuHasAvx512();
 
 Fingerprint FingerprintHostWith(const TensorView& tensor, const HostOptions& options,
                                 ByteSums* sums = nullptr);

@@ -142,11 +142,13 @@ TEST(FingerprintSpec, AllPathsAgree) {
         const Fingerprint ref = With(b, dtype, scalar, offset);
         const int64_t shape[] = {static_cast<int64_t>(n)};
         EXPECT_EQ(ref.digest, Reference(b.data() + offset, n * es, dtype, shape));
-        if (avx2) {
+        for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
+          if (!(isa == Isa::kAvx2 ? avx2 : internal::CpuHasAvx512())) continue;
           HostOptions v;
-          v.isa = Isa::kAvx2;
+          v.isa = isa;
           const Fingerprint got = With(b, dtype, v, offset);
-          EXPECT_EQ(got.digest, ref.digest) << DTypeName(dtype) << " n=" << n;
+          EXPECT_EQ(got.digest, ref.digest)
+              << DTypeName(dtype) << " n=" << n << " isa=" << static_cast<int>(isa);
           ExpectSameStats(got.stats, ref.stats);
         }
       }
@@ -554,7 +556,7 @@ TEST(FingerprintStats, FloatCountsExtremesSumsAndNorm) {
   EXPECT_EQ(hs.max, 1.0);
 }
 
-// Training data is almost all finite, so the AVX2 statistics take a shortcut
+// Training data is almost all finite, so the AVX2 and AVX-512 statistics take a shortcut
 // for groups of eight finite values; it must give the bits of the scalar
 // path, also for signed zeros, ties and extremes, and with non-finite values
 // at every position of a group.
@@ -592,16 +594,21 @@ TEST(FingerprintStats, FiniteShortcutMatchesScalarBits) {
                    {h.data(), DType::kFloat16}};
       for (const Case& c : cases) {
         const int64_t shape[] = {static_cast<int64_t>(n)};
-        HostOptions scalar, vec;
+        HostOptions scalar;
         scalar.isa = Isa::kScalar;
-        vec.isa = Isa::kAvx2;
         const Fingerprint want =
             internal::FingerprintHostWith({c.data, c.dtype, shape, {}}, scalar);
-        const Fingerprint got = internal::FingerprintHostWith({c.data, c.dtype, shape, {}}, vec);
-        SCOPED_TRACE(std::string(DTypeName(c.dtype)) + " n=" + std::to_string(n) +
-                     " nonfinite_every=" + std::to_string(nonfinite_every));
-        EXPECT_EQ(got.digest, want.digest);
-        ExpectSameStats(got.stats, want.stats);
+        for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
+          if (isa == Isa::kAvx512 && !internal::CpuHasAvx512()) continue;
+          HostOptions vec;
+          vec.isa = isa;
+          const Fingerprint got = internal::FingerprintHostWith({c.data, c.dtype, shape, {}}, vec);
+          SCOPED_TRACE(std::string(DTypeName(c.dtype)) + " n=" + std::to_string(n) +
+                       " nonfinite_every=" + std::to_string(nonfinite_every) +
+                       " isa=" + std::to_string(static_cast<int>(isa)));
+          EXPECT_EQ(got.digest, want.digest);
+          ExpectSameStats(got.stats, want.stats);
+        }
       }
     }
   }

@@ -1,5 +1,8 @@
 #include "tensor_fingerprint.h"
 
+#include <algorithm>
+#include <immintrin.h>
+
 #include <cstring>
 #include <string_view>
 #include <vector>
@@ -21,21 +24,122 @@ inline void CopyStrided(uint8_t* out, const uint8_t* src, int64_t count, int64_t
   }
 }
 
+// Copies a `rows` x `cols` plane of `T` whose rows lie 1 element apart and
+// columns `col_stride` elements apart (a transposed matrix: a weight's
+// `t()` in every Linear's backward) into `out` row by row, in square blocks:
+// reading a row walks across columns, each in another cache line, and a
+// block's lines are all reused for its next rows while still in L1.
+template <typename T>
+void CopyTransposed(uint8_t* out, const uint8_t* src, int64_t rows, int64_t cols,
+                    int64_t col_stride) {
+  constexpr int64_t kBlock = 16;
+  constexpr auto kSize = static_cast<int64_t>(sizeof(T));
+  for (int64_t r0 = 0; r0 < rows; r0 += kBlock) {
+    const int64_t r1 = std::min(rows, r0 + kBlock);
+    for (int64_t c0 = 0; c0 < cols; c0 += kBlock) {
+      const int64_t c1 = std::min(cols, c0 + kBlock);
+      for (int64_t r = r0; r < r1; ++r) {
+        for (int64_t c = c0; c < c1; ++c) {
+          T v;
+          std::memcpy(&v, src + (r + c * col_stride) * kSize, sizeof(T));
+          std::memcpy(out + (r * cols + c) * kSize, &v, sizeof(T));
+        }
+      }
+    }
+  }
+}
+
+// CopyTransposed for one 8x8 block of 4-byte elements: eight column loads
+// transposed in registers into eight row stores (shuffles move bits, never
+// interpret them as floats). `col_bytes`, `row_bytes`: the source's column
+// and the output's row pitch.
+__attribute__((target("avx2"))) void Transpose8x8(const uint8_t* src, int64_t col_bytes,
+                                                  uint8_t* out, int64_t row_bytes) {
+  __m256 c0 = _mm256_loadu_ps(reinterpret_cast<const float*>(src));
+  __m256 c1 = _mm256_loadu_ps(reinterpret_cast<const float*>(src + col_bytes));
+  __m256 c2 = _mm256_loadu_ps(reinterpret_cast<const float*>(src + 2 * col_bytes));
+  __m256 c3 = _mm256_loadu_ps(reinterpret_cast<const float*>(src + 3 * col_bytes));
+  __m256 c4 = _mm256_loadu_ps(reinterpret_cast<const float*>(src + 4 * col_bytes));
+  __m256 c5 = _mm256_loadu_ps(reinterpret_cast<const float*>(src + 5 * col_bytes));
+  __m256 c6 = _mm256_loadu_ps(reinterpret_cast<const float*>(src + 6 * col_bytes));
+  __m256 c7 = _mm256_loadu_ps(reinterpret_cast<const float*>(src + 7 * col_bytes));
+  const __m256 t0 = _mm256_unpacklo_ps(c0, c1), t1 = _mm256_unpackhi_ps(c0, c1);
+  const __m256 t2 = _mm256_unpacklo_ps(c2, c3), t3 = _mm256_unpackhi_ps(c2, c3);
+  const __m256 t4 = _mm256_unpacklo_ps(c4, c5), t5 = _mm256_unpackhi_ps(c4, c5);
+  const __m256 t6 = _mm256_unpacklo_ps(c6, c7), t7 = _mm256_unpackhi_ps(c6, c7);
+  const __m256 u0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 u1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 u2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 u3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 u4 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 u5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 u6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 u7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
+  _mm256_storeu_ps(reinterpret_cast<float*>(out + 0 * row_bytes), _mm256_permute2f128_ps(u0, u4, 0x20));
+  _mm256_storeu_ps(reinterpret_cast<float*>(out + 1 * row_bytes), _mm256_permute2f128_ps(u1, u5, 0x20));
+  _mm256_storeu_ps(reinterpret_cast<float*>(out + 2 * row_bytes), _mm256_permute2f128_ps(u2, u6, 0x20));
+  _mm256_storeu_ps(reinterpret_cast<float*>(out + 3 * row_bytes), _mm256_permute2f128_ps(u3, u7, 0x20));
+  _mm256_storeu_ps(reinterpret_cast<float*>(out + 4 * row_bytes), _mm256_permute2f128_ps(u0, u4, 0x31));
+  _mm256_storeu_ps(reinterpret_cast<float*>(out + 5 * row_bytes), _mm256_permute2f128_ps(u1, u5, 0x31));
+  _mm256_storeu_ps(reinterpret_cast<float*>(out + 6 * row_bytes), _mm256_permute2f128_ps(u2, u6, 0x31));
+  _mm256_storeu_ps(reinterpret_cast<float*>(out + 7 * row_bytes), _mm256_permute2f128_ps(u3, u7, 0x31));
+}
+
+// CopyTransposed<uint32_t> (float32, int32: most tensors), the whole 8x8
+// blocks in AVX2 registers where the CPU has AVX2, the edges element by
+// element.
+void CopyTransposed4(uint8_t* out, const uint8_t* src, int64_t rows, int64_t cols,
+                     int64_t col_stride) {
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (!avx2 || rows < 8 || cols < 8) {
+    CopyTransposed<uint32_t>(out, src, rows, cols, col_stride);
+    return;
+  }
+  const int64_t full_rows = rows / 8 * 8, full_cols = cols / 8 * 8;
+  for (int64_t r0 = 0; r0 < full_rows; r0 += 8) {
+    for (int64_t c0 = 0; c0 < full_cols; c0 += 8) {
+      Transpose8x8(src + (r0 + c0 * col_stride) * 4, col_stride * 4, out + (r0 * cols + c0) * 4,
+                   cols * 4);
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    // The columns right of the blocks in every row, all columns in the rows below them.
+    for (int64_t c = r < full_rows ? full_cols : 0; c < cols; ++c) {
+      std::memcpy(out + (r * cols + c) * 4, src + (r + c * col_stride) * 4, 4);
+    }
+  }
+}
+
+using Dims = c10::SmallVector<int64_t, 8>;
+
+// Steps the index `index` of dimensions [0, dims) to the next one in
+// row-major order, and `offset` (in elements) with it.
+inline void NextIndex(Dims& index, int64_t& offset, const Dims& size, const Dims& stride,
+                      size_t dims) {
+  for (size_t d = dims; d-- > 0;) {
+    offset += stride[d];
+    if (++index[d] < size[d]) return;
+    offset -= stride[d] * size[d];
+    index[d] = 0;
+  }
+}
+
 // Copies the elements of a strided tensor into `buf` in logical (row-major)
 // order. False (nothing copied) above kMaxGatherBytes: the fingerprint then
 // reads the strided tensor itself.
 //
 // Dimensions of size 1 are dropped and neighbours that are contiguous with
 // each other merged first, so that a transposed view walks as few rows as
-// its layout allows; rows whose elements lie apart are copied by element
-// size (views of weights and attention heads: most strided tensors here).
+// its layout allows; a transposed plane is copied in blocks, other rows
+// whose elements lie apart by element size (views of weights and attention
+// heads: most strided tensors here).
 constexpr size_t kMaxGatherBytes = 1u << 20;
 bool GatherLogical(const void* data, size_t element_size, at::IntArrayRef sizes,
                    at::IntArrayRef strides, std::vector<uint8_t>& buf) {
   size_t numel = 1;
   for (int64_t d : sizes) numel *= static_cast<size_t>(d);
   if (sizes.empty() || numel == 0 || numel * element_size > kMaxGatherBytes) return false;
-  c10::SmallVector<int64_t, 8> size, stride;  // collapsed, outermost first
+  Dims size, stride;  // collapsed, outermost first
   for (size_t d = 0; d < sizes.size(); ++d) {
     if (sizes[d] == 1) continue;
     if (!size.empty() && stride.back() == strides[d] * sizes[d]) {
@@ -57,7 +161,28 @@ bool GatherLogical(const void* data, size_t element_size, at::IntArrayRef sizes,
   const int64_t inner = size[ndim - 1];
   const int64_t inner_stride = stride[ndim - 1];
   const size_t row_bytes = static_cast<size_t>(inner) * element_size;
-  c10::SmallVector<int64_t, 8> index(ndim, 0);
+  // The last two dimensions transposed (the one before the last is the
+  // contiguous one): plane by plane, in blocks.
+  if (ndim >= 2 && stride[ndim - 2] == 1 && inner_stride != 1 &&
+      (element_size == 1 || element_size == 2 || element_size == 4 || element_size == 8)) {
+    const int64_t rows = size[ndim - 2];
+    const size_t plane_bytes = static_cast<size_t>(rows) * row_bytes;
+    Dims plane(ndim - 2, 0);
+    int64_t plane_offset = 0;  // in elements, of plane[0 .. ndim-3]
+    for (size_t done = 0; done < numel; done += static_cast<size_t>(rows * inner),
+                out += plane_bytes) {
+      const uint8_t* src = base + plane_offset * static_cast<int64_t>(element_size);
+      switch (element_size) {
+        case 1: CopyTransposed<uint8_t>(out, src, rows, inner, inner_stride); break;
+        case 2: CopyTransposed<uint16_t>(out, src, rows, inner, inner_stride); break;
+        case 4: CopyTransposed4(out, src, rows, inner, inner_stride); break;
+        default: CopyTransposed<uint64_t>(out, src, rows, inner, inner_stride); break;
+      }
+      NextIndex(plane, plane_offset, size, stride, ndim - 2);
+    }
+    return true;
+  }
+  Dims index(ndim, 0);
   int64_t row_offset = 0;  // in elements, of index[0 .. ndim-2]
   for (size_t done = 0; done < numel; done += static_cast<size_t>(inner), out += row_bytes) {
     const uint8_t* src = base + row_offset * static_cast<int64_t>(element_size);
@@ -76,12 +201,7 @@ bool GatherLogical(const void* data, size_t element_size, at::IntArrayRef sizes,
           }
       }
     }
-    for (size_t d = ndim - 1; d-- > 0;) {
-      row_offset += stride[d];
-      if (++index[d] < size[d]) break;
-      row_offset -= stride[d] * size[d];
-      index[d] = 0;
-    }
+    NextIndex(index, row_offset, size, stride, ndim - 1);
   }
   return true;
 }

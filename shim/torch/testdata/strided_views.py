@@ -27,5 +27,11 @@ for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch
     base = (torch.randn(12, 5) * 100).to(dtype)
     for make in views:
         make(base).clone()
+for dtype in (torch.float32, torch.float64, torch.float16, torch.int8):
+    # Transposed planes over several copy blocks, with partial ones at the
+    # edges, cloned into a contiguous tensor (a plain clone keeps the strides,
+    # and would be hashed through the same copy as the view).
+    (torch.randn(3, 37, 50) * 100).to(dtype).transpose(1, 2).clone(
+        memory_format=torch.contiguous_format)
 big = torch.randn(700, 600)  # over the adapter's 1 MiB gather buffer
 big.t().clone()
