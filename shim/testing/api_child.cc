@@ -34,7 +34,16 @@ bool g_forked_child = false;
 
 }  // namespace
 
+// GCC says AddressSanitizer with __SANITIZE_ADDRESS__, clang 14 only
+// through __has_feature (the fuzz build's ASan pass is clang's).
 #if defined(__SANITIZE_ADDRESS__)
+#define OPGUARD_API_CHILD_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define OPGUARD_API_CHILD_ASAN 1
+#endif
+#endif
+#ifdef OPGUARD_API_CHILD_ASAN
 extern "C" int __lsan_is_turned_off() { return g_forked_child ? 1 : 0; }
 #endif
 
