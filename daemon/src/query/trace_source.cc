@@ -148,10 +148,8 @@ Result<bool> StoreDetails::LoadCores(uint32_t rank, const CancelToken* cancel, u
   if (!cores_it_) cores_it_ = store_->NewScan(Cf::kCores, &upper_slice_, /*fill_cache=*/false);
   rocksdb::Iterator* it = cores_it_.get();
   it->Seek(marker);
-  char version[4];
-  for (int i = 0; i < 4; ++i) version[i] = static_cast<char>(aligner::kOpEventCoreVersion >> (8 * i));
   if (!it->Valid() || it->key() != rocksdb::Slice(marker) ||
-      it->value() != rocksdb::Slice(version, sizeof version)) {
+      it->value() != rocksdb::Slice(keys::CoresCompleteValue(aligner::kOpEventCoreVersion))) {
     return false;
   }
   TraceBuilder builder(trace, &boundaries_, expected_ops);

@@ -51,6 +51,12 @@ std::string CoresCompleteKey(uint64_t run, uint32_t rank) {
   return k;
 }
 
+std::string CoresCompleteValue(uint32_t version) {
+  std::string v(4, '\0');
+  for (int i = 0; i < 4; ++i) v[i] = static_cast<char>(version >> (8 * i));  // little-endian
+  return v;
+}
+
 std::string LanePrefix(uint64_t run, uint32_t rank, uint32_t lane) {
   std::string k;
   k.reserve(16);

@@ -59,6 +59,8 @@ std::string LanePrefix(uint64_t run, uint32_t rank, uint32_t lane);
 // of a rank's cores, run(8) | rank(4): the marker that every chunk of the
 // rank has its cores there (value: the core version, u32 little-endian).
 std::string CoresCompleteKey(uint64_t run, uint32_t rank);
+// The marker's value for cores of `version` (aligner::kOpEventCoreVersion).
+std::string CoresCompleteValue(uint32_t version);
 // collectives: run(8) | communicator(8) | seq(8) | rank(4) | phase(1)
 inline constexpr size_t kCollectiveKeySize = 29;
 std::string CollectiveKey(uint64_t run, uint64_t communicator, uint64_t seq, uint32_t rank,

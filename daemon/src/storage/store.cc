@@ -763,9 +763,8 @@ void StoreBatch::PutOpCores(uint64_t run, uint32_t rank, uint32_t lane, uint64_t
 }
 
 void StoreBatch::PutCoresComplete(uint64_t run, uint32_t rank) {
-  char version[4];
-  for (int i = 0; i < 4; ++i) version[i] = static_cast<char>(aligner::kOpEventCoreVersion >> (8 * i));
-  batch_.Put(cf(Cf::kCores), keys::CoresCompleteKey(run, rank), rocksdb::Slice(version, sizeof version));
+  batch_.Put(cf(Cf::kCores), keys::CoresCompleteKey(run, rank),
+             keys::CoresCompleteValue(aligner::kOpEventCoreVersion));
 }
 
 void StoreBatch::DeleteCoresComplete(uint64_t run, uint32_t rank) {
