@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -151,13 +152,80 @@ class Daemon:
         self.log.close()
 
 
-def train(site, daemon, run, ranks=4, steps=3, fault="", launcher="spawn", extra_env=None,
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(cmd, ranks, env, timeout):
+    """Runs `cmd` once per rank, as torchrun would start it (RANK,
+    LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT in its environment;
+    the scripts' spawn_ranks then trains in that process), and returns a
+    CompletedProcess: the first failing rank's exit status (the others are
+    then stopped, as torch.multiprocessing.spawn stops them) and every
+    rank's stdout and stderr, in rank order; its `failure` is the first
+    failing rank's stderr (empty if none failed). Starting the ranks here
+    rather than through torch.multiprocessing.spawn saves a launcher
+    process that imports torch (seconds of CPU per job, the most of a
+    short job's)."""
+    port = str(_free_port())
+    procs, outs = [], []
+    deadline = time.time() + timeout
+    try:
+        for rank in range(ranks):
+            out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+            outs.append((out, err))
+            rank_env = dict(env, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(ranks),
+                            LOCAL_WORLD_SIZE=str(ranks), MASTER_ADDR="127.0.0.1",
+                            MASTER_PORT=port)
+            procs.append(subprocess.Popen(cmd, env=rank_env, stdout=out, stderr=err, text=True))
+        failed = None
+        while failed is None and any(p.poll() is None for p in procs):
+            if time.time() > deadline:
+                raise subprocess.TimeoutExpired(cmd, timeout)
+            failed = next((r for r, p in enumerate(procs) if p.poll()), None)
+            time.sleep(0.05)
+        if failed is None:
+            failed = next((r for r, p in enumerate(procs) if p.returncode), None)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+    texts = []
+    for out, err in outs:
+        out.seek(0)
+        err.seek(0)
+        texts.append((out.read(), err.read()))
+        out.close()
+        err.close()
+    result = subprocess.CompletedProcess(cmd, 0 if failed is None else procs[failed].returncode,
+                                         "".join(t[0] for t in texts),
+                                         "".join(t[1] for t in texts))
+    result.failure = "" if failed is None else texts[failed][1]
+    return result
+
+
+def train(site, daemon, run, ranks=4, steps=3, fault="", launcher="ranks", extra_env=None,
           timeout=300, args=None, script=TRAIN):
     """Trains `script` (train_gpt.py or an edited copy) on `ranks` gloo ranks
-    with OPGUARD=1; returns the CompletedProcess (stdout has the loss lines)."""
+    with OPGUARD=1, started by `launcher`: "ranks" (run_ranks), "spawn"
+    (torch.multiprocessing.spawn) or "torchrun"; returns the
+    CompletedProcess (stdout has the loss lines)."""
     env = site.env(**dict({"OPGUARD": 1, "OPGUARD_RUN": run, "OPGUARD_ENDPOINT": daemon.ingest,
                            "OPGUARD_FLUSH_TIMEOUT_MS": 20000}, **(extra_env or {})))
     args = ["--steps", str(steps)] + (["--fault", fault] if fault else []) + list(args or [])
+    if launcher == "ranks":
+        result = run_ranks([site.python, script, *args], ranks, env, timeout)
+        if result.returncode != 0:
+            raise AssertionError(f"training failed ({result.returncode}):\n{result.failure[-4000:]}")
+        return result
     if launcher == "spawn":
         cmd = [site.python, script, "--spawn", str(ranks), *args]
     else:

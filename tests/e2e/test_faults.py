@@ -297,8 +297,9 @@ class Collectives(harness.DaemonTestCase):
         out = os.path.join(self.tmp, run)
         os.makedirs(out)
         env = self.site.env(OPGUARD=1, OPGUARD_RUN=run, OPGUARD_ENDPOINT=self.daemon.ingest)
-        subprocess.run([self.site.python, os.path.join(harness.HERE, script), out],
-                       env=env, check=True, timeout=300, capture_output=True)
+        result = harness.run_ranks([self.site.python, os.path.join(harness.HERE, script), out],
+                                   2, env, timeout=300)
+        self.assertEqual(result.returncode, 0, f"{script}:\n{result.failure[-3000:]}")
         return out
 
     def lane0(self, run, rank, lane=0):

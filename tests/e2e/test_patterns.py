@@ -34,12 +34,11 @@ class TrainingPatterns(harness.DaemonTestCase):
         env = self.site.env(**({"OPGUARD": 1, "OPGUARD_RUN": run,
                                 "OPGUARD_ENDPOINT": self.daemon.ingest,
                                 "OPGUARD_FLUSH_TIMEOUT_MS": 20000, **extra_env} if run else {}))
-        result = subprocess.run([self.site.python, SCRIPT, ",".join(patterns)] +
-                                ([fault] if fault else []),
-                                env=env, capture_output=True, text=True,
-                                timeout=120 + 60 * len(patterns))
+        result = harness.run_ranks([self.site.python, SCRIPT, ",".join(patterns)] +
+                                   ([fault] if fault else []),
+                                   2, env, timeout=120 + 60 * len(patterns))
         what = f"{','.join(patterns)} {'under OpGuard' if run else 'without OpGuard'}"
-        self.assertEqual(result.returncode, 0, f"{what}:\n{result.stderr[-3000:]}")
+        self.assertEqual(result.returncode, 0, f"{what}:\n{result.failure[-3000:]}")
         self.assertNotIn("opguard-torch warning", result.stderr)
         return result.stdout
 

@@ -6,7 +6,6 @@ planted in it. OpGuard must name the exact rank, step, op and source line of
 every bug, and call every benign change identical."""
 import json
 import os
-import subprocess
 import unittest
 
 import harness
@@ -31,12 +30,11 @@ class BugZoo(harness.DaemonTestCase):
         args = (["--fault", fault] if fault else []) + (["--variant", variant] if variant else [])
         env = cls.site.env(OPGUARD=1, OPGUARD_RUN=run, OPGUARD_ENDPOINT=cls.daemon.ingest,
                            OPGUARD_FLUSH_TIMEOUT_MS=20000)
-        result = subprocess.run([cls.site.python, SCRIPT, "--spawn", str(RANKS), "--steps",
-                                 str(STEPS), *args], env=env, capture_output=True, text=True,
-                                timeout=300)
+        result = harness.run_ranks([cls.site.python, SCRIPT, "--spawn", str(RANKS), "--steps",
+                                    str(STEPS), *args], RANKS, env, timeout=300)
         if result.returncode != 0 or "opguard-torch warning" in result.stderr:
             raise AssertionError(f"training {run} failed ({result.returncode}):\n"
-                                 f"{result.stderr[-4000:]}")
+                                 f"{(result.failure or result.stderr)[-4000:]}")
         return result
 
     def diff(self, suspect):

@@ -44,6 +44,7 @@ import math
 import os
 import random
 import socket
+import sys
 import time
 
 import torch
@@ -73,7 +74,14 @@ def on_device_of(t):
 
 def spawn_ranks(fn, world, *args):
     """Runs fn(rank, world, *args) on `world` ranks started with
-    torch.multiprocessing.spawn, meeting on a free loopback port."""
+    torch.multiprocessing.spawn, meeting on a free loopback port; in a
+    process a launcher started as one rank of `world` (RANK and WORLD_SIZE
+    set: torchrun, the tests' harness.run_ranks), runs that rank here."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        if int(os.environ["WORLD_SIZE"]) != world:
+            sys.exit(f"started as one of {os.environ['WORLD_SIZE']} ranks; this job has {world}")
+        fn(int(os.environ["RANK"]), world, *args)
+        return
     import torch.multiprocessing as mp
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(free_port()))
