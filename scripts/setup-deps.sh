@@ -59,4 +59,8 @@ fi
 # scripts/test.sh runs the adapter's tests and the e2e suites against, and
 # the pip route (`pip install ./python`) is tested with. Other versions
 # (OPGUARD_TEST_TORCH) get their venvs when their suites are built.
-"$(dirname "${BASH_SOURCE[0]}")/torch-venv.sh" 2.11.0 >/dev/null
+# OPGUARD_SETUP_TORCH_VENV=0 leaves it out (scripts/test.sh makes the venvs
+# beside the build instead).
+if [[ "${OPGUARD_SETUP_TORCH_VENV:-1}" != 0 ]]; then
+  "$(dirname "${BASH_SOURCE[0]}")/torch-venv.sh" 2.11.0 >/dev/null
+fi
