@@ -418,13 +418,31 @@ class LaneAligner {
     const size_t n = r_.size(), m = s_.size();
     if (n == 0 || m == 0) return;
     constexpr int64_t kNone = -1;
-    std::vector<int64_t> of_r(n, kNone), of_s(m, kNone);
-    std::vector<uint32_t> flags(n, 0);
-    for (const Pair& p : out_->pairs) {
-      of_r[p.ref] = p.sus;
-      of_s[p.sus] = p.ref;
-      flags[p.ref] = p.flags;
-    }
+    // Partners by position, built only when a repair is first considered:
+    // until then the pairs (ascending `ref`, each ref once) are read with a
+    // cursor. Most traces need no repair, and three arrays of the traces'
+    // length would cost a page fault per 4 KiB and a pass of their own.
+    std::vector<int64_t> of_r, of_s;
+    std::vector<uint32_t> flags;
+    size_t cursor = 0;
+    auto indexed = [&] { return !of_r.empty(); };
+    auto index = [&] {
+      if (indexed()) return;
+      of_r.assign(n, kNone);
+      of_s.assign(m, kNone);
+      flags.assign(n, 0);
+      for (const Pair& p : out_->pairs) {
+        of_r[p.ref] = p.sus;
+        of_s[p.sus] = p.ref;
+        flags[p.ref] = p.flags;
+      }
+    };
+    auto partner_of = [&](size_t r) -> int64_t {
+      if (indexed()) return of_r[r];
+      const std::vector<Pair>& pairs = out_->pairs;
+      while (cursor < pairs.size() && pairs[cursor].ref < r) ++cursor;
+      return cursor < pairs.size() && pairs[cursor].ref == r ? int64_t{pairs[cursor].sus} : kNone;
+    };
     auto same_computation = [&](size_t r, size_t q) {
       return r_[r].name == s_[q].name && r_[r].inputs == s_[q].inputs && !s_[q].nondeterministic();
     };
@@ -432,13 +450,14 @@ class LaneAligner {
       return !(r_[r].inputs == s_[q].inputs) && !(r_[r].outputs == s_[q].outputs);
     };
     auto repairable = [&](size_t q) {
+      index();
       return of_s[q] == kNone || disagree(static_cast<size_t>(of_s[q]), q);
     };
     const int64_t reach = o_.rescue_distance;
     int64_t last_r = -1, last_s = -1;  // the latest pair met, for expected positions
     uint64_t repaired = 0;
     for (size_t r = 0; r < n; ++r) {
-      const int64_t paired = of_r[r];
+      const int64_t paired = partner_of(r);
       if (paired != kNone && !disagree(r, static_cast<size_t>(paired))) {
         last_r = static_cast<int64_t>(r);
         last_s = paired;

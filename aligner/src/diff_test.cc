@@ -274,6 +274,30 @@ TEST(DiffRank, RejectsMalformedTraces) {
   EXPECT_FALSE(DiffRank(dup, Rank(0, "A"), {}).ok());
 }
 
+// Traces long enough that their order is checked next to the alignment
+// (diff.cc): the same answers as the short ones.
+TEST(DiffRank, LongTracesAreCheckedLikeShortOnes) {
+  RankTrace ref;
+  ref.lanes.push_back({});
+  for (uint64_t i = 0; i < 40000; ++i) ref.lanes[0].ops.push_back(Ev(i % 2 ? "A" : "B", i));
+  RankTrace sus = ref;
+  sus.lanes[0].ops[30000].outputs.hi ^= 1;
+  auto fine = DiffRank(ref, sus, {});
+  ASSERT_TRUE(fine.ok()) << fine.status().message();
+  EXPECT_EQ(fine->status, DiffStatus::kDiverged);
+  ASSERT_TRUE(fine->first_divergence.has_value());
+  EXPECT_EQ(fine->first_divergence->suspect.op_index, 30000u);
+
+  sus.lanes[0].ops[39990].op_index = 5;
+  auto bad_sus = DiffRank(ref, sus, {});
+  ASSERT_FALSE(bad_sus.ok());
+  EXPECT_EQ(bad_sus.status().message(), "suspect rank 0 lane 0: op indices not ascending at op #5");
+  ref.lanes[0].ops[20000].op_index = 3;
+  auto bad_both = DiffRank(ref, sus, {});
+  ASSERT_FALSE(bad_both.ok());
+  EXPECT_EQ(bad_both.status().message(), "reference rank 0 lane 0: op indices not ascending at op #3");
+}
+
 // ---- causality ---------------------------------------------------------------
 
 CollectiveEvent Coll(uint64_t comm, uint64_t seq, uint64_t op_index) {

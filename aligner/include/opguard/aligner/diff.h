@@ -47,7 +47,9 @@ struct DiffContext {
 // Aligns every lane of `sus` against the same lane of `ref`, walks the pairs
 // and reports the rank's first divergence. `ref.rank` and `sus.rank` may
 // differ (replica comparison). Fails only on malformed input (op indices not
-// ascending within a lane, duplicate lanes, > 2^32 ops in a lane).
+// ascending within a lane, duplicate lanes, > 2^32 ops in a lane). Long
+// traces have their op order checked on a second thread, next to the
+// alignment.
 Result<RankDiff> DiffRank(const RankTrace& ref, const RankTrace& sus, const DiffContext& ctx);
 
 // Collective-aware causality over per-rank summaries (any subset of ranks):
