@@ -6,7 +6,14 @@
   * a custom torch.autograd.Function's backward, saved-tensor hooks
     (torch.utils.checkpoint's recompute) and tensor hooks: Python code run
     during backward, whose ops get their own call sites (the backward line)
-    and, run with grad enabled, are marked as recompute.
+    and, run with grad enabled, are marked as recompute;
+  * torch.optim's Optimizer.step, which runs inside
+    torch.autograd.profiler.record_function("Optimizer.step#<Class>.step"):
+    its ops are replicated. The range is told to the adapter from here, where
+    torch opens and closes it, rather than by observing USER_SCOPE
+    RecordFunctions: with a USER_SCOPE observer registered, every c10d work
+    object also captures the thread's state and opens a profiling range of
+    its own on the backend's thread, which each collective waits for.
 """
 import functools
 
@@ -39,9 +46,53 @@ def _wrap(owner, name, make):
         setattr(owner, name, make(original))
 
 
+def _optimizer_step_ranges(adapter):
+    """Wraps record_function's enter and exit so that an Optimizer.step range
+    is told to the adapter where its USER_SCOPE RecordFunction opens and
+    closes: before the original enter (torch 1.13's enter op opens the range,
+    then makes its handle, an aten::empty inside it) and after the original
+    exit."""
+    from torch.autograd import profiler
+    cls = profiler.record_function
+
+    def is_step(self):
+        name = getattr(self, "name", None)
+        return isinstance(name, str) and name.startswith("Optimizer.step#")
+
+    def enter(original):
+        @functools.wraps(original)
+        def __enter__(self):
+            if not is_step(self):
+                return original(self)
+            adapter.opguard_torch_optimizer_step_begin()
+            try:
+                return original(self)
+            except BaseException:
+                adapter.opguard_torch_optimizer_step_end()
+                raise
+        __enter__.__opguard_wrapped__ = original
+        return __enter__
+
+    def exit_(original):
+        @functools.wraps(original)
+        def __exit__(self, *exc):
+            try:
+                return original(self, *exc)
+            finally:
+                # A range left open for a future (run_callbacks_on_exit
+                # False) ends later, on its own: not a step's.
+                if is_step(self) and getattr(self, "run_callbacks_on_exit", True):
+                    adapter.opguard_torch_optimizer_step_end()
+        __exit__.__opguard_wrapped__ = original
+        return __exit__
+
+    _wrap(cls, "__enter__", enter)
+    _wrap(cls, "__exit__", exit_)
+
+
 def install(adapter):
-    """Wraps backward, Function backward, saved-tensor hooks and tensor hooks
-    (once per process)."""
+    """Wraps backward, Function backward, saved-tensor hooks, tensor hooks and
+    record_function's enter and exit (once per process)."""
     if _state["adapter"] is not None:
         return
     import torch
@@ -68,3 +119,4 @@ def install(adapter):
         return wrapper
 
     _wrap(torch.Tensor, "register_hook", register_hook)
+    _optimizer_step_ranges(adapter)

@@ -29,6 +29,8 @@ ADAPTER_FUNCTIONS = {
     "opguard_torch_backward_end": (_c.c_int, []),
     "opguard_torch_python_region_begin": (_c.c_int, []),
     "opguard_torch_python_region_end": (_c.c_int, []),
+    "opguard_torch_optimizer_step_begin": (_c.c_int, []),
+    "opguard_torch_optimizer_step_end": (_c.c_int, []),
     "opguard_torch_step": (_c.c_uint64, []),
     "opguard_torch_lane": (_c.c_uint32, []),
     "opguard_torch_replicated_begin": (_c.c_int, []),

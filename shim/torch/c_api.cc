@@ -144,6 +144,19 @@ int opguard_torch_python_region_end(void) {
   return static_cast<int>(ts.python_regions.size());
 }
 
+int opguard_torch_optimizer_step_begin(void) { return ++ThisThread().optimizer_steps; }
+
+int opguard_torch_optimizer_step_end(void) {
+  ThreadState& ts = ThisThread();
+  if (ts.optimizer_steps > 0) --ts.optimizer_steps;
+  try {
+    if (Recording()) OptimizerStepEnded(ts);
+  } catch (const std::exception& e) {
+    DisableOnce(e.what());
+  }
+  return ts.optimizer_steps;
+}
+
 int opguard_torch_replicated_begin(void) { return EnterRegion(&ThreadState::replicated_regions); }
 int opguard_torch_replicated_end(void) { return LeaveRegion(&ThreadState::replicated_regions); }
 int opguard_torch_unrecorded_begin(void) { return EnterRegion(&ThreadState::unrecorded_regions); }

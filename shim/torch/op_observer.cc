@@ -342,12 +342,6 @@ bool IsWaitTensor(const char* name) {
   return ns_end != nullptr && std::strcmp(ns_end, "::wait_tensor") == 0;
 }
 
-// torch.optim wraps every Optimizer.step in a USER_SCOPE RecordFunction named
-// "Optimizer.step#<Class>.step".
-bool IsOptimizerStep(const at::RecordFunction& fn) {
-  return std::strncmp(fn.name(), "Optimizer.step#", 15) == 0;
-}
-
 // AOTAutograd runs a compiled graph's backward in one autograd node.
 constexpr std::string_view kCompiledBackward = "CompiledFunctionBackward";
 
@@ -655,11 +649,6 @@ std::unique_ptr<at::ObserverContext> OnStart(const at::RecordFunction& fn) {
         ts.node_seq = fn.seqNr();
         ts.nodes.push_back(NodeNameOf(fn.name()));
         return nullptr;
-      case at::RecordScope::USER_SCOPE:
-        // Counted whether or not recording is on, so that recording switched
-        // on inside a step still sees the step's end as its end.
-        if (IsOptimizerStep(fn)) ++ts.optimizer_steps;
-        return nullptr;
       default:
         return nullptr;
     }
@@ -685,12 +674,6 @@ void OnEnd(const at::RecordFunction& fn, at::ObserverContext* raw) {
         if (!ts.nodes.empty() && ts.nodes.back().text == kCompiledBackward) ts.cache.Clear();
         if (!ts.nodes.empty()) ts.nodes.pop_back();
         break;
-      case at::RecordScope::USER_SCOPE:
-        if (IsOptimizerStep(fn)) {
-          if (ts.optimizer_steps > 0) --ts.optimizer_steps;
-          if (Recording()) OptimizerStepEnded(ts);
-        }
-        break;
       default:
         break;
     }
@@ -704,10 +687,14 @@ void OnEnd(const at::RecordFunction& fn, at::ObserverContext* raw) {
 }  // namespace
 
 // Two callbacks, so that torch boxes arguments only where they are read:
-// ops (FUNCTION) with their inputs and outputs; autograd nodes and user
-// scopes (BACKWARD_FUNCTION, USER_SCOPE: only their names and sequence
-// numbers are read) without, which spares every backward node a vector of
-// its input gradients.
+// ops (FUNCTION) with their inputs and outputs; autograd nodes
+// (BACKWARD_FUNCTION: only their names and sequence numbers are read)
+// without, which spares every backward node a vector of its input
+// gradients. No USER_SCOPE: an observer of it makes every c10d work object
+// capture the thread's state and open a profiling range of its own on the
+// backend's thread, which each collective waits for; torch.optim's
+// Optimizer.step range is told by the package instead
+// (opguard_torch_optimizer_step_begin).
 std::array<at::CallbackHandle, 2> AddObserverCallbacks() {
   return {at::addGlobalCallback(at::RecordFunctionCallback(&OnStart, &OnEnd)
                                     .needsInputs(true)
@@ -715,7 +702,7 @@ std::array<at::CallbackHandle, 2> AddObserverCallbacks() {
                                     .scopes({at::RecordScope::FUNCTION})),
           at::addGlobalCallback(
               at::RecordFunctionCallback(&OnStart, &OnEnd)
-                  .scopes({at::RecordScope::BACKWARD_FUNCTION, at::RecordScope::USER_SCOPE}))};
+                  .scopes({at::RecordScope::BACKWARD_FUNCTION}))};
 }
 
 std::unique_ptr<OpContext> CompiledRegionStart(const std::string& name,

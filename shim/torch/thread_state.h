@@ -45,7 +45,7 @@ struct ThreadState {
   int64_t node_seq = -1;   // innermost autograd node's sequence number
   c10::SmallVector<NodeName, 4> nodes;  // autograd nodes being run, innermost last
   int8_t backend_thread = -1;  // runs a c10d backend's work loop (see IsBackendThread); -1 unknown
-  int optimizer_steps = 0;     // Optimizer.step scopes currently open
+  int optimizer_steps = 0;     // Optimizer.step ranges currently open (the package's calls)
   int replicated_regions = 0;  // opguard.replicated() regions currently open
   int unrecorded_regions = 0;  // DataLoader work on this thread (opguard/_data.py)
   int subclass_dispatches = 0;  // ops on tensor subclasses open (their __torch_dispatch__ runs)

@@ -59,6 +59,13 @@ OPGUARD_TORCH_API int opguard_torch_backward_end(void);
 OPGUARD_TORCH_API int opguard_torch_python_region_begin(void);
 OPGUARD_TORCH_API int opguard_torch_python_region_end(void);
 
+/* Around torch.optim's Optimizer.step (the package calls them where
+ * record_function opens and closes its "Optimizer.step#" range): the
+ * thread's ops in between are replicated, and the end is an update for the
+ * step boundaries. They nest; return the thread's open ranges. */
+OPGUARD_TORCH_API int opguard_torch_optimizer_step_begin(void);
+OPGUARD_TORCH_API int opguard_torch_optimizer_step_end(void);
+
 /* The current step, and the calling thread's lane (collectives recorded from
  * Python use the same lane numbering as the ops around them). */
 OPGUARD_TORCH_API uint64_t opguard_torch_step(void);
