@@ -144,17 +144,16 @@ int opguard_torch_python_region_end(void) {
   return static_cast<int>(ts.python_regions.size());
 }
 
-int opguard_torch_optimizer_step_begin(void) { return ++ThisThread().optimizer_steps; }
+int opguard_torch_optimizer_step_begin(void) { return EnterRegion(&ThreadState::optimizer_steps); }
 
 int opguard_torch_optimizer_step_end(void) {
-  ThreadState& ts = ThisThread();
-  if (ts.optimizer_steps > 0) --ts.optimizer_steps;
+  const int open = LeaveRegion(&ThreadState::optimizer_steps);
   try {
-    if (Recording()) OptimizerStepEnded(ts);
+    if (Recording()) OptimizerStepEnded(ThisThread());
   } catch (const std::exception& e) {
     DisableOnce(e.what());
   }
-  return ts.optimizer_steps;
+  return open;
 }
 
 int opguard_torch_replicated_begin(void) { return EnterRegion(&ThreadState::replicated_regions); }
