@@ -246,6 +246,10 @@ std::unique_ptr<CLI::App> MakeApp(Config* c, Flags* flags) {
            "free space kept on the data directory's file\n"
            "system: new records wait below it (default\n"
            "256MiB; rm and compactions use it)");
+  add("storage", "--storage.reserved-inodes", c->reserved_inodes, "N",
+      "free inodes kept on that file system: new records\n"
+      "wait below it (default 1024; RocksDB's flushes\n"
+      "and compactions create files; 0: no inode checks)");
 
   add_size("retention (0 = no limit)", "--retention.max-bytes", c->retention_max_bytes,
            "remove oldest runs while the store is larger\n(e.g. 500G)");

@@ -66,6 +66,7 @@ TEST(Config, FileFormat) {
       "storage.op_cores = false\n"
       "storage.max_bytes = 3MiB\n"
       "storage.reserved_bytes = 0\n"
+      "storage.reserved_inodes = 10\n"
       "query.max_trace_page = 500\n"
       "query.time_budget = 1500ms\n");
   auto c = Parse({"--config", file.path()});
@@ -90,6 +91,7 @@ TEST(Config, FileFormat) {
   EXPECT_TRUE(Parse({})->op_cores);
   EXPECT_EQ(c->max_bytes, 3u << 20);
   EXPECT_EQ(c->reserved_bytes, 0u);
+  EXPECT_EQ(c->reserved_inodes, 10u);
   EXPECT_EQ(c->max_trace_page, 500u);
   EXPECT_EQ(c->query_time_budget.count(), 1500);
 }
@@ -117,6 +119,7 @@ TEST(Config, TheShippedConfigFileParses) {
   EXPECT_EQ(c->retention_max_bytes, 0u);
   EXPECT_EQ(c->max_bytes, 0u);
   EXPECT_EQ(c->reserved_bytes, 256u << 20);
+  EXPECT_EQ(c->reserved_inodes, 1024u);
 }
 
 TEST(Config, FlagFormsAndFlagsOverrideTheFile) {

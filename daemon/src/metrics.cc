@@ -150,8 +150,8 @@ std::string Metrics::Prometheus(const Store& store, uint64_t runs, double uptime
   Line(&o, "opguard_ingest_paused_seconds_total", "", L(ingest_paused_micros) / 1e6);
 
   Head(&o, "opguard_ingest_read_only", "gauge",
-       "1 while new records are refused for disk space (storage.reserved_bytes, storage.max_bytes, "
-       "ENOSPC); queries and rm go on.");
+       "1 while new records are refused for disk space (storage.reserved_bytes, storage.reserved_inodes, "
+       "storage.max_bytes, ENOSPC); queries and rm go on.");
   Line(&o, "opguard_ingest_read_only", "", L(read_only));
   Head(&o, "opguard_ingest_read_only_entered_total", "counter", "Times ingest paused for disk space.");
   Line(&o, "opguard_ingest_read_only_entered_total", "", L(read_only_entered));
@@ -166,6 +166,10 @@ std::string Metrics::Prometheus(const Store& store, uint64_t runs, double uptime
   Line(&o, "opguard_store_read_errors_total", "", static_cast<double>(store.read_errors()));
   Head(&o, "opguard_store_free_bytes", "gauge", "Free bytes on the data directory's file system.");
   Line(&o, "opguard_store_free_bytes", "", static_cast<double>(store.FreeBytes()));
+  Head(&o, "opguard_store_free_inodes", "gauge",
+       "Free inodes on the data directory's file system (-1: no inode limit).");
+  const uint64_t inodes = store.FreeInodes();
+  Line(&o, "opguard_store_free_inodes", "", inodes == UINT64_MAX ? -1.0 : static_cast<double>(inodes));
 
   Head(&o, "opguard_runs", "gauge", "Runs stored.");
   Line(&o, "opguard_runs", "", static_cast<double>(runs));

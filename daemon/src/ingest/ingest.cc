@@ -490,9 +490,13 @@ void Ingest::CheckSpace(int64_t now_ns, bool force) {
   if (!force && now_ns < next_space_check_ns_) return;
   next_space_check_ns_ = now_ns + 250'000'000;
   if (store_->StoppedForSpace()) {
-    if (store_->Resume().ok()) {
+    if (Status resumed = store_->Resume(); resumed.ok()) {
       metrics_->store_resumes.fetch_add(1, std::memory_order_relaxed);
+      last_resume_error_.clear();
       OPGUARD_LOG(LogLevel::kInfo, "store resumed: there is space again");
+    } else if (resumed.message() != last_resume_error_) {
+      last_resume_error_ = resumed.message();
+      OPGUARD_LOG(LogLevel::kWarn, "store not resumed yet (tried every 250 ms): " + last_resume_error_);
     }
   }
   std::string why = store_->WhyFull();

@@ -49,6 +49,10 @@ bool IsSpaceError(const rocksdb::Status& s) {
   return s.IsNoSpace() || s.subcode() == rocksdb::Status::kSpaceLimit;
 }
 
+// A background error DB::Resume() refuses (e.g. a new WAL that could not be
+// created): writes can start again only in a new DB::Open.
+bool IsFatal(const rocksdb::Status& s) { return s.severity() >= rocksdb::Status::Severity::kFatalError; }
+
 std::string MiB(uint64_t bytes) {
   char text[32];
   if (bytes < (1u << 20)) {
@@ -64,6 +68,19 @@ uint64_t FreeBytesOf(const std::string& dir) {
   if (::statvfs(dir.c_str(), &fs) != 0) return UINT64_MAX;  // unknown: do not refuse for it
   return static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize;
 }
+
+uint64_t FreeInodesOf(const std::string& dir) {
+  struct statvfs fs {};
+  // Unknown, or a file system without an inode limit (f_files 0, e.g. btrfs).
+  if (::statvfs(dir.c_str(), &fs) != 0 || fs.f_files == 0) return UINT64_MAX;
+  return static_cast<uint64_t>(fs.f_favail);
+}
+
+// Free inodes a flush may need: a new WAL, an SST and a blob file per column
+// family, a MANIFEST. A resume needs them whatever storage.reserved_inodes
+// says: a resume that finds no inode fails on its new WAL, and RocksDB
+// takes that as an error only a restart clears.
+constexpr uint64_t kFlushInodes = 32;
 
 // Free space opening an existing store for writing needs: a new MANIFEST (a
 // copy of the current one), an OPTIONS file and a WAL, with room to spare.
@@ -293,6 +310,7 @@ Result<std::unique_ptr<Store>> Store::Open(const Config& config) {
   store->dir_ = config.data_dir;
   store->max_bytes_ = config.max_bytes;
   store->reserved_bytes_ = config.reserved_bytes;
+  store->reserved_inodes_ = config.reserved_inodes;
   store->read_only_ = read_only;
   store->files_ = std::move(files);
   store->errors_ = std::move(errors);
@@ -367,6 +385,8 @@ bool Store::StoppedForSpace() const {
 
 uint64_t Store::FreeBytes() const { return FreeBytesOf(dir_); }
 
+uint64_t Store::FreeInodes() const { return FreeInodesOf(dir_); }
+
 uint64_t Store::StoreBytes() const { return files_->GetTotalSize(); }
 
 std::string Store::WhyFull() const {
@@ -375,6 +395,10 @@ std::string Store::WhyFull() const {
            " free now); restart opguardd once there is space";
   }
   if (const auto error = errors_->error(); !error.ok()) {
+    if (IsFatal(error)) {
+      return "the store stopped writing after an error RocksDB cannot resume from (" + error.ToString() +
+             "); restart opguardd once there is space, " + MiB(FreeBytes()) + " free on its file system now";
+    }
     return "the store stopped writing after an error (" + error.ToString() + "), " + MiB(FreeBytes()) +
            " free on its file system";
   }
@@ -392,6 +416,13 @@ std::string Store::RoomFor(uint64_t bytes) const {
            (bytes != 0 ? "writing " + MiB(bytes) + " and " : std::string()) + "flushing the memtables needs (" +
            MiB(need) + ")";
   }
+  // A write may switch memtables: a new WAL, then a flush's files.
+  // storage.reserved_inodes 0 turns this check off (for file systems whose
+  // inode counts mean nothing).
+  if (const uint64_t need = std::min(reserved_inodes_, kFlushInodes), free = FreeInodes(); free < need) {
+    return "the data directory's file system has " + std::to_string(free) +
+           " free inodes, fewer than a flush of the memtables may need (" + std::to_string(need) + ")";
+  }
   return "";
 }
 
@@ -399,6 +430,10 @@ std::string Store::SpaceShortage() const {
   if (const uint64_t free = FreeBytes(); free < reserved_bytes_) {
     return "the data directory's file system has " + MiB(free) + " free, below storage.reserved_bytes (" +
            MiB(reserved_bytes_) + ")";
+  }
+  if (const uint64_t free = FreeInodes(); free < reserved_inodes_) {
+    return "the data directory's file system has " + std::to_string(free) +
+           " free inodes, below storage.reserved_inodes (" + std::to_string(reserved_inodes_) + ")";
   }
   if (std::string no_room = RoomFor(0); !no_room.empty()) return no_room;
   if (const uint64_t used = max_bytes_ != 0 ? StoreBytes() : 0; max_bytes_ != 0 && used >= max_bytes_) {
@@ -409,9 +444,15 @@ std::string Store::SpaceShortage() const {
 
 Status Store::Resume() {
   if (read_only_) return Unavailable(WhyFull());
-  if (errors_->error().ok()) return Status::Ok();
+  const auto error = errors_->error();
+  if (error.ok()) return Status::Ok();
+  if (IsFatal(error)) return Unavailable(WhyFull());
   // Resuming flushes the memtables: only with the space to do it.
   if (std::string shortage = SpaceShortage(); !shortage.empty()) return Unavailable(shortage);
+  if (const uint64_t free = FreeInodes(); free < kFlushInodes) {
+    return Unavailable("the data directory's file system has " + std::to_string(free) +
+                       " free inodes, fewer than resuming the store needs (" + std::to_string(kFlushInodes) + ")");
+  }
   auto s = db_->Resume();
   if (!s.ok()) return FromRocks(s, "resuming the store");
   errors_->Set(rocksdb::Status::OK());

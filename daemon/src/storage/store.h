@@ -98,24 +98,27 @@ class Store {
   // Space management (docs/storage.md, "Disk space"). Why the store refuses
   // new records now, or "" when it takes them: opened read-only, a RocksDB
   // background error (ENOSPC) not yet cleared, free space on the data
-  // directory's file system below storage.reserved_bytes, or the store's
-  // files at storage.max_bytes. Deletions are refused only in the first two
+  // directory's file system below storage.reserved_bytes or its free inodes
+  // below storage.reserved_inodes, or the store's files at storage.max_bytes. Deletions are refused only in the first two
   // cases. Any thread; a statvfs and a few counters.
   std::string WhyFull() const;
   // WhyFull's reasons that refuse ingest alone: free space below
-  // storage.reserved_bytes or below what RoomFor(0) needs, the store at
-  // storage.max_bytes.
+  // storage.reserved_bytes or below what RoomFor(0) needs, free inodes below
+  // storage.reserved_inodes, the store at storage.max_bytes.
   std::string SpaceShortage() const;
   // "" when the file system has room to write `bytes` and later flush the
-  // memtables (2 x bytes + memtables + 1 MiB); else why not. Write refuses
+  // memtables (2 x bytes + memtables + 1 MiB, and the inodes of a flush
+  // unless storage.reserved_inodes is 0); else why not. Write refuses
   // without it (Unavailable), so RocksDB itself never meets ENOSPC from our
   // writes; only a disk filled by others between two checks can.
   std::string RoomFor(uint64_t bytes) const;
   // After a failed write: a RocksDB background error with no space left
   // (ENOSPC, or storage.max_bytes) holds writes until Resume.
   bool StoppedForSpace() const;
-  // Clears a background error once SpaceShortage() is empty (DB::Resume:
-  // flushes the memtables again). OK when there was none.
+  // Clears a background error once SpaceShortage() is empty and the file
+  // system has the inodes a flush needs (DB::Resume: flushes the memtables
+  // again). OK when there was none; Unavailable, saying to restart, for an
+  // error RocksDB cannot resume from.
   Status Resume();
   bool read_only() const { return read_only_; }
   // Bytes of SST and blob files, as RocksDB's SstFileManager tracks them
@@ -124,6 +127,8 @@ class Store {
   uint64_t StoreBytes() const;
   // Free bytes for this process on the data directory's file system.
   uint64_t FreeBytes() const;
+  // Free inodes there (UINT64_MAX on a file system without an inode limit).
+  uint64_t FreeInodes() const;
 
   // Flushes memtables (so the next start replays no WAL) and closes. Called
   // once at shutdown after the last write; the destructor calls it too.
@@ -205,7 +210,8 @@ class Store {
   class ErrorListener;
   std::string dir_;
   uint64_t max_bytes_ = 0;       // storage.max_bytes (0: none)
-  uint64_t reserved_bytes_ = 0;  // storage.reserved_bytes
+  uint64_t reserved_bytes_ = 0;   // storage.reserved_bytes
+  uint64_t reserved_inodes_ = 0;  // storage.reserved_inodes
   bool read_only_ = false;
   std::shared_ptr<rocksdb::SstFileManager> files_;
   std::shared_ptr<ErrorListener> errors_;

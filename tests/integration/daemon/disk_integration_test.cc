@@ -77,6 +77,21 @@ uint64_t FillUp(const std::string& path) {
   return written;
 }
 
+// Creates empty files in `dir` until the file system has no inode left
+// (ENOSPC with bytes to spare): the one kind of full disk the daemon's
+// free-space checks cannot see coming, so RocksDB itself meets it. Returns
+// the number of files made.
+size_t UseUpInodes(const std::string& dir) {
+  fs::create_directories(dir);
+  for (size_t n = 0; n < 100000; ++n) {
+    const std::string path = dir + "/" + std::to_string(n);
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) return errno == ENOSPC ? n : 0;
+    ::close(fd);
+  }
+  return 0;
+}
+
 class DiskTest : public ::testing::Test {
  protected:
   void TearDown() override {
@@ -84,12 +99,13 @@ class DiskTest : public ::testing::Test {
     if (!mounted_.empty()) ::umount2(mounted_.c_str(), MNT_DETACH);
   }
 
-  // A tmpfs of `size` under the test's temp dir; "" (with the reason in
-  // *why) when this process may not mount.
-  std::string MountSmallFileSystem(const std::string& size, std::string* why) {
+  // A tmpfs of `size` (and `options`, e.g. ",nr_inodes=N") under the
+  // test's temp dir; "" (with the reason in *why) when this process may not
+  // mount.
+  std::string MountSmallFileSystem(const std::string& size, std::string* why, const std::string& options = "") {
     const std::string dir = dir_.path() + "/fs";
     fs::create_directories(dir);
-    if (::mount("opguard-test", dir.c_str(), "tmpfs", 0, ("size=" + size + ",mode=0700").c_str()) != 0) {
+    if (::mount("opguard-test", dir.c_str(), "tmpfs", 0, ("size=" + size + ",mode=0700" + options).c_str()) != 0) {
       *why = std::string("cannot mount a tmpfs (") + std::strerror(errno) +
              "): a full file system needs root or CAP_SYS_ADMIN";
       return "";
@@ -383,6 +399,136 @@ TEST_F(DiskTest, AFullFileSystemPausesIngestAndTheDaemonStillStartsOnIt) {
   ASSERT_TRUE(d->Running());
   EXPECT_EQ(Ack(*d, testing::MakeBatch("other", 0, 3, 0, 0, 10, {})), "durable");
   ExpectAllOps(*d, "late", 400);
+  EXPECT_EQ(d->Stop(), 0);
+}
+
+// A file system out of inodes, with bytes to spare: below
+// storage.reserved_inodes the daemon answers "retry later" before RocksDB
+// would fail to create a file, and takes records again once files are
+// removed.
+TEST_F(DiskTest, FewFreeInodesPauseIngestBeforeRocksDBMeetsThem) {
+  std::string why;
+  const std::string dir = MountSmallFileSystem("256m", &why, ",nr_inodes=400");
+  if (dir.empty()) GTEST_SKIP() << why;
+  auto* d = &StartDaemon(dir, {"--storage.reserved-bytes", "0", "--storage.reserved-inodes", "32",
+                               "--storage.write-buffer-bytes", "1MiB", "--storage.memtable-budget-bytes", "8MiB"});
+  ASSERT_TRUE(d->Running());
+  SendAll(*d, "keep", 1, 10);
+  const std::string fillers = dir + "/fillers";
+  ASSERT_GT(UseUpInodes(fillers), 0u);
+  BackgroundSender late(*d, "late", 2, 300);
+  ASSERT_TRUE(WaitFor([&] { return late.sender.retried() > 0; }, 30s))
+      << "no pause for inodes (" << late.sender.acked().size() << " batches acked)" << LogTail(*d);
+  const std::string refused = Ack(*d, testing::MakeBatch("other", 0, 3, 0, 0, 10, {}));
+  EXPECT_NE(refused.find("free inodes, below storage.reserved_inodes (32)"), std::string::npos) << refused;
+  EXPECT_EQ(Metric(*d, "opguard_store_free_inodes"), 0);
+  ExpectAllOps(*d, "keep", 10);
+
+  fs::remove_all(fillers);
+  Status st = late.Join();
+  ASSERT_TRUE(st.ok()) << st.message() << LogTail(*d);
+  EXPECT_EQ(Metric(*d, "opguard_ingest_read_only"), 0);
+  ExpectAllOps(*d, "late", 300);
+  EXPECT_EQ(LogTail(*d).find("No space left on device"), std::string::npos) << "RocksDB met the full file system"
+                                                                             << LogTail(*d);
+  EXPECT_EQ(d->Stop(), 0);
+}
+
+// Without that reserve (storage.reserved_inodes 0), RocksDB itself meets the
+// full file system: the flush cannot create its SST, a background error
+// stops writes, and the daemon pauses ingest with RocksDB's reason. While no
+// inode is freed it does not try to resume (a resume whose flush finds no
+// inode for its new WAL turns the error into one only a restart clears);
+// once files are removed it resumes the store (DB::Resume) by itself, and
+// every batch, the refused ones resent, is stored once and survives a
+// restart.
+TEST_F(DiskTest, RocksDBsOwnNoSpaceErrorIsResumedOnceFilesAreFreed) {
+  std::string why;
+  const std::string dir = MountSmallFileSystem("256m", &why, ",nr_inodes=400");
+  if (dir.empty()) GTEST_SKIP() << why;
+  const std::vector<std::string> args = {"--storage.reserved-bytes", "0", "--storage.reserved-inodes", "0",
+                                         "--storage.write-buffer-bytes", "1MiB",
+                                         "--storage.memtable-budget-bytes", "8MiB"};
+  auto* d = &StartDaemon(dir, args);
+  ASSERT_TRUE(d->Running());
+  SendAll(*d, "keep", 1, 10);
+
+  // One inode left: the memtable switch's new WAL takes it, the flush's SST
+  // finds none.
+  const std::string fillers = dir + "/fillers";
+  ASSERT_GT(UseUpInodes(fillers), 0u);
+  fs::remove(fillers + "/0");
+  BackgroundSender late(*d, "late", 2, 600);
+  ASSERT_TRUE(WaitFor([&] { return late.sender.retried() > 0; }, 60s))
+      << "RocksDB never stopped writing (" << late.sender.acked().size() << " batches acked)" << LogTail(*d);
+  EXPECT_EQ(Metric(*d, "opguard_ingest_read_only"), 1);
+  const std::string refused = Ack(*d, testing::MakeBatch("other", 0, 3, 0, 0, 10, {}));
+  EXPECT_EQ(refused.rfind("retry: ", 0), 0u) << refused;
+  EXPECT_NE(refused.find("stopped writing after an error (IO error: No space left on device"), std::string::npos)
+      << refused;
+  ExpectAllOps(*d, "keep", 10);
+  // Still no inode: no resume is tried, and the error stays resumable.
+  std::this_thread::sleep_for(1s);
+  EXPECT_EQ(Metric(*d, "opguard_store_resumes_total"), 0);
+  EXPECT_EQ(Metric(*d, "opguard_ingest_read_only"), 1);
+  ASSERT_TRUE(d->Running()) << LogTail(*d);
+
+  fs::remove_all(fillers);
+  Status st = late.Join();
+  ASSERT_TRUE(st.ok()) << st.message() << LogTail(*d);
+  EXPECT_GE(Metric(*d, "opguard_store_resumes_total"), 1);
+  EXPECT_EQ(Metric(*d, "opguard_ingest_read_only"), 0);
+  EXPECT_EQ(Ack(*d, testing::MakeBatch("other", 0, 3, 0, 0, 10, {})), "durable");
+  ExpectAllOps(*d, "late", 600);
+  ExpectAllOps(*d, "keep", 10);
+  EXPECT_EQ(d->Stop(), 0);
+  d = &StartDaemon(dir, args);
+  ASSERT_TRUE(d->Running());
+  ExpectAllOps(*d, "late", 600);
+  ExpectAllOps(*d, "keep", 10);
+  EXPECT_EQ(d->Stop(), 0);
+}
+
+// No inode at all when a memtable switch needs a new WAL: RocksDB takes that
+// as an error it cannot resume from. The daemon says so (restart it once
+// there is space), keeps answering queries, and after the restart every
+// acknowledged batch is there and ingest goes on.
+TEST_F(DiskTest, AnErrorRocksDBCannotResumeFromAsksForARestartAndLosesNothingAcked) {
+  std::string why;
+  const std::string dir = MountSmallFileSystem("256m", &why, ",nr_inodes=400");
+  if (dir.empty()) GTEST_SKIP() << why;
+  const std::vector<std::string> args = {"--storage.reserved-bytes", "0", "--storage.reserved-inodes", "0",
+                                         "--storage.write-buffer-bytes", "1MiB",
+                                         "--storage.memtable-budget-bytes", "8MiB"};
+  auto* d = &StartDaemon(dir, args);
+  ASSERT_TRUE(d->Running());
+  SendAll(*d, "keep", 1, 10);
+  const std::string fillers = dir + "/fillers";
+  ASSERT_GT(UseUpInodes(fillers), 0u);
+  uint64_t acked = 0;
+  {
+    BackgroundSender late(*d, "late", 2, 600);
+    ASSERT_TRUE(WaitFor([&] { return late.sender.retried() > 0; }, 60s))
+        << "RocksDB never stopped writing (" << late.sender.acked().size() << " batches acked)" << LogTail(*d);
+    late.sender.Abort();
+    late.thread.join();
+    acked = late.sender.acked().size();
+  }
+  const std::string refused = Ack(*d, testing::MakeBatch("other", 0, 3, 0, 0, 10, {}));
+  EXPECT_NE(refused.find("RocksDB cannot resume from"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("restart opguardd once there is space"), std::string::npos) << refused;
+  fs::remove_all(fillers);
+  std::this_thread::sleep_for(1s);  // freeing space is not enough
+  EXPECT_EQ(Metric(*d, "opguard_ingest_read_only"), 1);
+  ExpectAllOps(*d, "keep", 10);
+  EXPECT_EQ(ReadAll(*d, "late").size(), acked * kOpsPerBatch);
+
+  EXPECT_EQ(d->Stop(), 0) << LogTail(*d);
+  d = &StartDaemon(dir, args);
+  ASSERT_TRUE(d->Running());
+  EXPECT_EQ(ReadAll(*d, "late").size(), acked * kOpsPerBatch);
+  ExpectAllOps(*d, "keep", 10);
+  EXPECT_EQ(Ack(*d, testing::MakeBatch("other", 0, 3, 0, 0, 10, {})), "durable");
   EXPECT_EQ(d->Stop(), 0);
 }
 

@@ -74,9 +74,12 @@ struct Config {
   bool op_cores = true;
   // Disk space (docs/storage.md): new records are refused ("retry later")
   // while the store holds max_bytes (0: no limit) or its file system has
-  // less than reserved_bytes free; queries and deletions go on.
+  // less than reserved_bytes free, or fewer than reserved_inodes free
+  // inodes (RocksDB's flushes and compactions create files); queries and
+  // deletions go on.
   uint64_t max_bytes = 0;
   uint64_t reserved_bytes = 256u << 20;
+  uint64_t reserved_inodes = 1024;
 
   // Retention: 0 disables a limit. Oldest runs (by last record) are removed
   // first; the most recently active run is never removed by retention.
