@@ -114,6 +114,20 @@ class DiskTest : public ::testing::Test {
     return dir;
   }
 
+  // The inode tests' file system (256 MiB, 400 inodes) and daemon (the
+  // storage.reserved_inodes given), with 10 batches of "keep" stored.
+  // Returns the mount point, "" (with *why) when this process may not mount.
+  std::string StartOnFewInodes(const std::string& reserved_inodes, std::string* why) {
+    const std::string dir = MountSmallFileSystem("256m", why, ",nr_inodes=400");
+    if (dir.empty()) return "";
+    inode_args_ = {"--storage.reserved-bytes", "0", "--storage.reserved-inodes", reserved_inodes,
+                   "--storage.write-buffer-bytes", "1MiB", "--storage.memtable-budget-bytes", "8MiB"};
+    auto& d = StartDaemon(dir, inode_args_);
+    EXPECT_TRUE(d.Running());
+    if (d.Running()) SendAll(d, "keep", 1, 10);
+    return dir;
+  }
+
   testing::DaemonProcess& StartDaemon(const std::string& dir, std::vector<std::string> args) {
     daemon_ = std::make_unique<testing::DaemonProcess>(Opguardd(), dir, std::move(args));
     Status st = daemon_->Start();
@@ -177,6 +191,7 @@ class DiskTest : public ::testing::Test {
 
   testing::TempDir dir_;
   std::string mounted_;
+  std::vector<std::string> inode_args_;
   std::unique_ptr<testing::DaemonProcess> daemon_;
 };
 
@@ -408,12 +423,10 @@ TEST_F(DiskTest, AFullFileSystemPausesIngestAndTheDaemonStillStartsOnIt) {
 // removed.
 TEST_F(DiskTest, FewFreeInodesPauseIngestBeforeRocksDBMeetsThem) {
   std::string why;
-  const std::string dir = MountSmallFileSystem("256m", &why, ",nr_inodes=400");
+  const std::string dir = StartOnFewInodes("32", &why);
   if (dir.empty()) GTEST_SKIP() << why;
-  auto* d = &StartDaemon(dir, {"--storage.reserved-bytes", "0", "--storage.reserved-inodes", "32",
-                               "--storage.write-buffer-bytes", "1MiB", "--storage.memtable-budget-bytes", "8MiB"});
-  ASSERT_TRUE(d->Running());
-  SendAll(*d, "keep", 1, 10);
+  ASSERT_FALSE(HasFailure());
+  auto* d = daemon_.get();
   const std::string fillers = dir + "/fillers";
   ASSERT_GT(UseUpInodes(fillers), 0u);
   BackgroundSender late(*d, "late", 2, 300);
@@ -444,14 +457,10 @@ TEST_F(DiskTest, FewFreeInodesPauseIngestBeforeRocksDBMeetsThem) {
 // restart.
 TEST_F(DiskTest, RocksDBsOwnNoSpaceErrorIsResumedOnceFilesAreFreed) {
   std::string why;
-  const std::string dir = MountSmallFileSystem("256m", &why, ",nr_inodes=400");
+  const std::string dir = StartOnFewInodes("0", &why);
   if (dir.empty()) GTEST_SKIP() << why;
-  const std::vector<std::string> args = {"--storage.reserved-bytes", "0", "--storage.reserved-inodes", "0",
-                                         "--storage.write-buffer-bytes", "1MiB",
-                                         "--storage.memtable-budget-bytes", "8MiB"};
-  auto* d = &StartDaemon(dir, args);
-  ASSERT_TRUE(d->Running());
-  SendAll(*d, "keep", 1, 10);
+  ASSERT_FALSE(HasFailure());
+  auto* d = daemon_.get();
 
   // One inode left: the memtable switch's new WAL takes it, the flush's SST
   // finds none.
@@ -482,7 +491,7 @@ TEST_F(DiskTest, RocksDBsOwnNoSpaceErrorIsResumedOnceFilesAreFreed) {
   ExpectAllOps(*d, "late", 600);
   ExpectAllOps(*d, "keep", 10);
   EXPECT_EQ(d->Stop(), 0);
-  d = &StartDaemon(dir, args);
+  d = &StartDaemon(dir, inode_args_);
   ASSERT_TRUE(d->Running());
   ExpectAllOps(*d, "late", 600);
   ExpectAllOps(*d, "keep", 10);
@@ -495,14 +504,10 @@ TEST_F(DiskTest, RocksDBsOwnNoSpaceErrorIsResumedOnceFilesAreFreed) {
 // acknowledged batch is there and ingest goes on.
 TEST_F(DiskTest, AnErrorRocksDBCannotResumeFromAsksForARestartAndLosesNothingAcked) {
   std::string why;
-  const std::string dir = MountSmallFileSystem("256m", &why, ",nr_inodes=400");
+  const std::string dir = StartOnFewInodes("0", &why);
   if (dir.empty()) GTEST_SKIP() << why;
-  const std::vector<std::string> args = {"--storage.reserved-bytes", "0", "--storage.reserved-inodes", "0",
-                                         "--storage.write-buffer-bytes", "1MiB",
-                                         "--storage.memtable-budget-bytes", "8MiB"};
-  auto* d = &StartDaemon(dir, args);
-  ASSERT_TRUE(d->Running());
-  SendAll(*d, "keep", 1, 10);
+  ASSERT_FALSE(HasFailure());
+  auto* d = daemon_.get();
   const std::string fillers = dir + "/fillers";
   ASSERT_GT(UseUpInodes(fillers), 0u);
   uint64_t acked = 0;
@@ -524,7 +529,7 @@ TEST_F(DiskTest, AnErrorRocksDBCannotResumeFromAsksForARestartAndLosesNothingAck
   EXPECT_EQ(ReadAll(*d, "late").size(), acked * kOpsPerBatch);
 
   EXPECT_EQ(d->Stop(), 0) << LogTail(*d);
-  d = &StartDaemon(dir, args);
+  d = &StartDaemon(dir, inode_args_);
   ASSERT_TRUE(d->Running());
   EXPECT_EQ(ReadAll(*d, "late").size(), acked * kOpsPerBatch);
   ExpectAllOps(*d, "keep", 10);
