@@ -500,8 +500,9 @@ TEST_F(DiskTest, RocksDBsOwnNoSpaceErrorIsResumedOnceFilesAreFreed) {
 
 // No inode at all when a memtable switch needs a new WAL: RocksDB takes that
 // as an error it cannot resume from. The daemon says so (restart it once
-// there is space), keeps answering queries, and after the restart every
-// acknowledged batch is there and ingest goes on.
+// there is space) and keeps answering queries; restarted on the same full
+// file system it opens the store read-only; restarted once files are freed,
+// every acknowledged batch is there and ingest goes on.
 TEST_F(DiskTest, AnErrorRocksDBCannotResumeFromAsksForARestartAndLosesNothingAcked) {
   std::string why;
   const std::string dir = StartOnFewInodes("0", &why);
@@ -522,12 +523,20 @@ TEST_F(DiskTest, AnErrorRocksDBCannotResumeFromAsksForARestartAndLosesNothingAck
   const std::string refused = Ack(*d, testing::MakeBatch("other", 0, 3, 0, 0, 10, {}));
   EXPECT_NE(refused.find("RocksDB cannot resume from"), std::string::npos) << refused;
   EXPECT_NE(refused.find("restart opguardd once there is space"), std::string::npos) << refused;
-  fs::remove_all(fillers);
-  std::this_thread::sleep_for(1s);  // freeing space is not enough
-  EXPECT_EQ(Metric(*d, "opguard_ingest_read_only"), 1);
   ExpectAllOps(*d, "keep", 10);
   EXPECT_EQ(ReadAll(*d, "late").size(), acked * kOpsPerBatch);
 
+  // Restarted with still no inode: the store cannot be opened for writing
+  // (a new WAL and MANIFEST), so it opens read-only and answers queries.
+  EXPECT_EQ(d->Stop(), 0) << LogTail(*d);
+  d = &StartDaemon(dir, inode_args_);
+  ASSERT_TRUE(d->Running()) << "the daemon did not start out of inodes";
+  ExpectAllOps(*d, "keep", 10);
+  EXPECT_EQ(ReadAll(*d, "late").size(), acked * kOpsPerBatch);
+  const std::string read_only = Ack(*d, testing::MakeBatch("other", 0, 3, 0, 0, 10, {}));
+  EXPECT_NE(read_only.find("opened read-only"), std::string::npos) << read_only << LogTail(*d);
+
+  fs::remove_all(fillers);
   EXPECT_EQ(d->Stop(), 0) << LogTail(*d);
   d = &StartDaemon(dir, inode_args_);
   ASSERT_TRUE(d->Running());
