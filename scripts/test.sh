@@ -56,14 +56,17 @@ TSAN_CMAKE_ARGS="-DCMAKE_C_FLAGS_DEBUG=-g1 -DCMAKE_CXX_FLAGS_DEBUG=-g1 ${OPGUARD
 build_sanitizer_targets() {
   if [[ "${OPGUARD_TEST_ASAN:-1}" != 0 ]]; then
     OPGUARD_FUZZ_BUILD_DIR="$FUZZ_BUILD" "$ROOT/scripts/fuzz.sh" --build opguard_unit_tests
+    took "the ASan + UBSan unit tests' build" 2>&1
   fi
   if [[ "${OPGUARD_TEST_FUZZ:-1}" != 0 ]]; then
     OPGUARD_FUZZ_BUILD_DIR="$FUZZ_BUILD" "$ROOT/scripts/fuzz.sh" --build
+    took "the fuzz harnesses' build" 2>&1
   fi
   if [[ "${OPGUARD_TEST_TSAN:-1}" != 0 ]]; then
     OPGUARD_CMAKE_ARGS="$TSAN_CMAKE_ARGS" OPGUARD_BUILD_DIR="$TSAN_BUILD" \
       OPGUARD_SANITIZE_TARGET=opguard_tsan_tests OPGUARD_SANITIZE_BUILD_ONLY=1 \
       "$ROOT/scripts/sanitize.sh" thread
+    took "the TSan build" 2>&1
   fi
 }
 # They compile from the start, beside the main build and tests, at idle
@@ -106,8 +109,16 @@ cmake --build "$BUILD" -j "$JOBS"
 took "the build"
 cd "$BUILD"
 rc=0
+: >"$BUILD/ctest-timeline.txt"
+# Each line of ctest's output also goes, with the seconds since the start of
+# this script, to ctest-timeline.txt: when each entry started and ended, to
+# see what the run waits on.
 ctest --output-on-failure -j "$JOBS" --timeout 600 --no-tests=error \
-  --output-junit "$BUILD/ctest-main.xml" "${JUNIT_ARGS[@]}" "$@" || rc=1
+  --output-junit "$BUILD/ctest-main.xml" "${JUNIT_ARGS[@]}" "$@" 2>&1 |
+  while IFS= read -r line; do
+    printf '%s\n' "$line"
+    printf '%5d %s\n' "$((SECONDS - START))" "$line" >>"$BUILD/ctest-timeline.txt"
+  done || rc=1
 "${CHECK[@]}" --build "$BUILD" --junit "$BUILD/ctest-main.xml" \
   --labels "unit,integration,e2e,package,browser${TORCH_VERSIONS:+,e2e-torch2}" || rc=1
 took "the main tests"
