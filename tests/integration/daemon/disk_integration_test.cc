@@ -434,7 +434,10 @@ TEST_F(DiskTest, FewFreeInodesPauseIngestBeforeRocksDBMeetsThem) {
       << "no pause for inodes (" << late.sender.acked().size() << " batches acked)" << LogTail(*d);
   const std::string refused = Ack(*d, testing::MakeBatch("other", 0, 3, 0, 0, 10, {}));
   EXPECT_NE(refused.find("free inodes, below storage.reserved_inodes (32)"), std::string::npos) << refused;
-  EXPECT_EQ(Metric(*d, "opguard_store_free_inodes"), 0);
+  // 0, or a few if RocksDB has removed an obsolete file since.
+  const double free_inodes = Metric(*d, "opguard_store_free_inodes");
+  EXPECT_GE(free_inodes, 0);
+  EXPECT_LT(free_inodes, 32);
   ExpectAllOps(*d, "keep", 10);
 
   fs::remove_all(fillers);
