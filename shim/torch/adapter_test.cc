@@ -163,6 +163,8 @@ TEST_F(AdapterTest, OptimizerStepAndReplicatedRegionOpsAreFlagged) {
   EXPECT_EQ(after["aten::sin"], 1);
   EXPECT_EQ(after["aten::tan"], 1);
   EXPECT_EQ(after["aten::cos"], 0);
+  ASSERT_TRUE(after.count("aten::exp")) << log_;
+  EXPECT_EQ(after["aten::exp"], 0) << "a step range whose enter failed stayed open";
 }
 
 // A strided output is fingerprinted in logical element order, as its

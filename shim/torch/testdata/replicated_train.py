@@ -1,6 +1,7 @@
 """Trained by adapter_test (shim/torch/adapter_test.cc) under OPGUARD=1: two
 SGD steps of a small model, then one op inside opguard.replicated() and one
-outside it. The test checks which recorded ops carry the replicated flag."""
+outside it, and one after an Optimizer.step range whose enter failed. The
+test checks which recorded ops carry the replicated flag."""
 import opguard
 import torch
 
@@ -20,3 +21,12 @@ with opguard.replicated():
         weight.sin()
     weight.tan()
 weight.cos()  # after the region: not replicated
+# An Optimizer.step range whose enter fails (its args must be a string): the
+# step the adapter was told of ends with the failure, so what follows is not
+# the optimizer's.
+try:
+    with torch.autograd.profiler.record_function("Optimizer.step#Broken.step", args=1):
+        raise AssertionError("the range's enter did not fail")
+except RuntimeError:
+    pass
+weight.exp()  # not replicated
