@@ -492,11 +492,13 @@ void Ingest::CheckSpace(int64_t now_ns, bool force) {
   if (store_->StoppedForSpace()) {
     if (Status resumed = store_->Resume(); resumed.ok()) {
       metrics_->store_resumes.fetch_add(1, std::memory_order_relaxed);
-      last_resume_error_.clear();
+      next_resume_log_ns_ = 0;
       OPGUARD_LOG(LogLevel::kInfo, "store resumed: there is space again");
-    } else if (resumed.message() != last_resume_error_) {
-      last_resume_error_ = resumed.message();
-      OPGUARD_LOG(LogLevel::kWarn, "store not resumed yet (tried every 250 ms): " + last_resume_error_);
+    } else if (now_ns >= next_resume_log_ns_) {
+      // Its reason carries figures that change while it lasts: a line a
+      // minute, not one per try.
+      next_resume_log_ns_ = now_ns + 60'000'000'000;
+      OPGUARD_LOG(LogLevel::kWarn, "store not resumed yet (tried every 250 ms): " + resumed.message());
     }
   }
   std::string why = store_->WhyFull();

@@ -154,7 +154,7 @@ class Ingest final : public RunWriter {
   // Why the store refuses new records ("": it takes them) and when to look again.
   std::string full_reason_;
   int64_t next_space_check_ns_ = 0;
-  std::string last_resume_error_;  // logged once until it changes
+  int64_t next_resume_log_ns_ = 0;  // a refused resume is logged at most once a minute
   BatchWriter writer_;
   const bool unix_ingest_;  // ipc:// endpoint: senders are known by uid
 
