@@ -63,18 +63,19 @@ std::string MiB(uint64_t bytes) {
   return text;
 }
 
-uint64_t FreeBytesOf(const std::string& dir) {
+}  // namespace
+
+// One statvfs for both figures; UINT64_MAX for what is unknown (do not
+// refuse for it) and for the inodes of a file system without an inode limit
+// (f_files 0, e.g. btrfs).
+Store::FreeSpace Store::FreeSpaceOf(const std::string& dir) {
   struct statvfs fs {};
-  if (::statvfs(dir.c_str(), &fs) != 0) return UINT64_MAX;  // unknown: do not refuse for it
-  return static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize;
+  if (::statvfs(dir.c_str(), &fs) != 0) return {UINT64_MAX, UINT64_MAX};
+  return {static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize,
+          fs.f_files == 0 ? UINT64_MAX : static_cast<uint64_t>(fs.f_favail)};
 }
 
-uint64_t FreeInodesOf(const std::string& dir) {
-  struct statvfs fs {};
-  // Unknown, or a file system without an inode limit (f_files 0, e.g. btrfs).
-  if (::statvfs(dir.c_str(), &fs) != 0 || fs.f_files == 0) return UINT64_MAX;
-  return static_cast<uint64_t>(fs.f_favail);
-}
+namespace {
 
 // Free inodes a flush may need: a new WAL, an SST and a blob file per column
 // family, a MANIFEST. A resume needs them whatever storage.reserved_inodes
@@ -283,7 +284,7 @@ Result<std::unique_ptr<Store>> Store::Open(const Config& config) {
   // operator sees what is stored while freeing space; a restart then opens
   // it for writing.
   const bool exists = std::filesystem::exists(config.data_dir + "/CURRENT", ec);
-  const uint64_t free = FreeBytesOf(config.data_dir), need = OpenBytes(config.data_dir);
+  const uint64_t free = FreeSpaceOf(config.data_dir).bytes, need = OpenBytes(config.data_dir);
   bool read_only = exists && free < need;
   rocksdb::Status s;
   if (!read_only) {
@@ -383,9 +384,9 @@ bool Store::StoppedForSpace() const {
   return !error.ok() && IsSpaceError(error);
 }
 
-uint64_t Store::FreeBytes() const { return FreeBytesOf(dir_); }
+uint64_t Store::FreeBytes() const { return FreeSpaceOf(dir_).bytes; }
 
-uint64_t Store::FreeInodes() const { return FreeInodesOf(dir_); }
+uint64_t Store::FreeInodes() const { return FreeSpaceOf(dir_).inodes; }
 
 uint64_t Store::StoreBytes() const { return files_->GetTotalSize(); }
 
@@ -407,11 +408,13 @@ std::string Store::WhyFull() const {
 
 uint64_t Store::FlushBytes() const { return IntProperty("rocksdb.cur-size-all-mem-tables") + (1u << 20); }
 
-std::string Store::RoomFor(uint64_t bytes) const {
+std::string Store::RoomFor(uint64_t bytes) const { return RoomFor(bytes, FreeSpaceOf(dir_)); }
+
+std::string Store::RoomFor(uint64_t bytes, const FreeSpace& space) const {
   // The write goes to the WAL, and later its memtable (with the others) to
   // SST and blob files.
   const uint64_t need = 2 * bytes + FlushBytes();
-  if (const uint64_t free = FreeBytes(); free < need) {
+  if (const uint64_t free = space.bytes; free < need) {
     return "the data directory's file system has " + MiB(free) + " free, less than " +
            (bytes != 0 ? "writing " + MiB(bytes) + " and " : std::string()) + "flushing the memtables needs (" +
            MiB(need) + ")";
@@ -419,7 +422,7 @@ std::string Store::RoomFor(uint64_t bytes) const {
   // A write may switch memtables: a new WAL, then a flush's files.
   // storage.reserved_inodes 0 turns this check off (for file systems whose
   // inode counts mean nothing).
-  if (const uint64_t need = std::min(reserved_inodes_, kFlushInodes), free = FreeInodes(); free < need) {
+  if (const uint64_t need = std::min(reserved_inodes_, kFlushInodes), free = space.inodes; free < need) {
     return "the data directory's file system has " + std::to_string(free) +
            " free inodes, fewer than a flush of the memtables may need (" + std::to_string(need) + ")";
   }
@@ -427,15 +430,16 @@ std::string Store::RoomFor(uint64_t bytes) const {
 }
 
 std::string Store::SpaceShortage() const {
-  if (const uint64_t free = FreeBytes(); free < reserved_bytes_) {
+  const FreeSpace space = FreeSpaceOf(dir_);
+  if (const uint64_t free = space.bytes; free < reserved_bytes_) {
     return "the data directory's file system has " + MiB(free) + " free, below storage.reserved_bytes (" +
            MiB(reserved_bytes_) + ")";
   }
-  if (const uint64_t free = FreeInodes(); free < reserved_inodes_) {
+  if (const uint64_t free = space.inodes; free < reserved_inodes_) {
     return "the data directory's file system has " + std::to_string(free) +
            " free inodes, below storage.reserved_inodes (" + std::to_string(reserved_inodes_) + ")";
   }
-  if (std::string no_room = RoomFor(0); !no_room.empty()) return no_room;
+  if (std::string no_room = RoomFor(0, space); !no_room.empty()) return no_room;
   if (const uint64_t used = max_bytes_ != 0 ? StoreBytes() : 0; max_bytes_ != 0 && used >= max_bytes_) {
     return "the store holds " + MiB(used) + ", storage.max_bytes is " + MiB(max_bytes_);
   }

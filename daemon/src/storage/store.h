@@ -205,6 +205,11 @@ class Store {
   Store() = default;
   rocksdb::ColumnFamilyHandle* cf(Cf which) const { return handles_[static_cast<int>(which)]; }
   uint64_t FlushBytes() const;  // free space a flush of every memtable may need
+  struct FreeSpace {
+    uint64_t bytes, inodes;
+  };
+  static FreeSpace FreeSpaceOf(const std::string& dir);
+  std::string RoomFor(uint64_t bytes, const FreeSpace& space) const;
   std::map<uint64_t, std::string> GetDefs(uint64_t run, char kind,
                                           const std::vector<uint64_t>& ids) const;
   class ErrorListener;
