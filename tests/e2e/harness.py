@@ -73,7 +73,10 @@ class UserSite:
         CPU's vector ISAs (each probe compiles and loads a test library in a
         new Python: seconds per process); TORCHINDUCTOR_DETERMINISTIC as
         OpGuard's determinism control sets it, so that jobs with and without
-        OpGuard compile the same code and share the cache."""
+        OpGuard compile the same code and share the cache. Python's fault
+        handler on: a rank killed by a signal (an abort from C++, a crash)
+        leaves every Python thread's stack on its stderr, which a failing
+        test shows; it prints nothing otherwise."""
         env = dict(os.environ)
         for key in ("OPGUARD", "OPGUARD_RUN", "RANK", "WORLD_SIZE", "LOCAL_RANK",
                     "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PYTHONPATH"):
@@ -81,6 +84,7 @@ class UserSite:
         env.pop("PYTHONNOUSERSITE", None)
         env["PYTHONUSERBASE"] = self.base
         env["OMP_NUM_THREADS"] = "1"
+        env["PYTHONFAULTHANDLER"] = "1"
         env.update(TORCHINDUCTOR_CACHE_DIR=os.path.join(self.base, "inductor"),
                    TORCHINDUCTOR_COMPILE_THREADS="1", TORCHINDUCTOR_VEC_ISA_OK="0",
                    TORCHINDUCTOR_DETERMINISTIC="1")
