@@ -13,6 +13,10 @@ measured in one run and interleaved so that machine noise hits all three alike:
              process, which the machine's drift between processes cannot skew
              (the daemon and the shim's sender may still be busy with the
              previous step's records during a paused one)
+  baseline_in_process  (with --baseline-stage) the same with the baseline's
+             package: the two in-process ratios compare two builds without
+             the drift between processes, which moves the plain step by more
+             than a small change does (docs/torch.md, the A/A run)
 Prints Google-Benchmark-shaped JSON (scripts/bench.sh renders the table):
 median step time per mode and the ratios to plain (of the medians over all
 rounds, and per round to the plain run just before it); beside them the median
@@ -98,8 +102,14 @@ def main():
             # and unrecorded steps under the same conditions.
             "in_process": ({"OPGUARD": "1", "OPGUARD_ENDPOINT": f"ipc://{tmp}/d/ingest.sock"},
                            ["--alternate-paused"]),
+            **({"baseline_in_process": ({"OPGUARD": "1",
+                                         "OPGUARD_ENDPOINT": f"ipc://{tmp}/d/ingest.sock"},
+                                        ["--alternate-paused"])}
+               if baseline_site else {}),
         }
-        recorded_steps, paused_steps = [], []
+        in_process = ("in_process", "baseline_in_process")
+        recorded_steps = {mode: [] for mode in in_process}
+        paused_steps = {mode: [] for mode in in_process}
         samples = {mode: [] for mode in modes}
         round_medians = {mode: [] for mode in modes}  # per round: paired ratios
         cpu = {mode: [] for mode in modes}
@@ -112,7 +122,7 @@ def main():
                 if mode in ("opguard", "in_process", "baseline"):
                     env["OPGUARD_RUN"] = f"{mode}-{round_}"
                 python = site.python
-                if mode == "baseline":
+                if mode in ("baseline", "baseline_in_process"):
                     env = dict(baseline_site.env(), **extra_env, OPGUARD_RUN=f"{mode}-{round_}")
                     python = baseline_site.python
                 before = process_cpu_s(daemon.pid)
@@ -124,9 +134,9 @@ def main():
                     opguard_steps += args.steps
                 with open(times) as f:
                     recorded = json.load(f)
-                if mode == "in_process":
+                if mode in in_process:
                     for wall, paused in list(zip(recorded["wall"], recorded["paused"]))[4:]:
-                        (paused_steps if paused else recorded_steps).append(wall)
+                        (paused_steps if paused else recorded_steps)[mode].append(wall)
                     continue
                 samples[mode].extend(recorded["wall"][2:])  # first steps warm up
                 round_medians[mode].append(statistics.median(recorded["wall"][2:]))
@@ -161,13 +171,15 @@ def main():
             if mode == "opguard":
                 entry["daemon_cpu_ms_per_step"] = daemon_cpu_s * 1e3 / max(1, opguard_steps)
             benchmarks.append(entry)
-        recorded_median = statistics.median(recorded_steps)
-        benchmarks.append({"name": "train_step/in_process_recorded_vs_paused",
-                           "run_type": "iteration", "iterations": len(recorded_steps),
-                           "real_time": recorded_median * 1e3, "cpu_time": recorded_median * 1e3,
-                           "time_unit": "ms",
-                           "paused_ms": statistics.median(paused_steps) * 1e3,
-                           "ratio_to_paused": recorded_median / statistics.median(paused_steps)})
+        for mode in (m for m in in_process if recorded_steps[m]):
+            recorded_median = statistics.median(recorded_steps[mode])
+            paused_median = statistics.median(paused_steps[mode])
+            benchmarks.append({"name": f"train_step/{mode}_recorded_vs_paused",
+                               "run_type": "iteration", "iterations": len(recorded_steps[mode]),
+                               "real_time": recorded_median * 1e3,
+                               "cpu_time": recorded_median * 1e3, "time_unit": "ms",
+                               "paused_ms": paused_median * 1e3,
+                               "ratio_to_paused": recorded_median / paused_median})
         print(json.dumps({"context": {"steps": args.steps, "rounds": args.rounds,
                                       "ranks": args.ranks, "d_model": args.d_model},
                           "benchmarks": benchmarks}, indent=1))
