@@ -67,7 +67,7 @@ fi
 echo "   torch $TORCH_VERSION (C++11 ABI $TORCH_ABI), libraries in $TORCH_LIBDIR"
 
 # NDEBUG as in the CMake build (shim/torch/CMakeLists.txt: torch's class layouts).
-FLAGS=(-std=c++20 -O2 -DNDEBUG -fPIC -Wall -Wextra -Wno-missing-field-initializers
+FLAGS=(-std=c++20 -O2 -DNDEBUG -fPIC -fopenmp -Wall -Wextra -Wno-missing-field-initializers
        -fvisibility=hidden -fvisibility-inlines-hidden -D_GLIBCXX_USE_CXX11_ABI="$TORCH_ABI"
        -I"$ROOT/shim/include" -I"$ROOT/shim/torch" -I"$ROOT/shim/torch/include"
        -isystem "$PYTHON_INCLUDE")
@@ -130,7 +130,7 @@ fi
 objects=()
 for src in "${sources[@]}"; do objects+=("$BUILD/$src.o"); done
 "$CXX" -shared -o "$BUILD/libopguard_torch.so" "${objects[@]}" \
-  -L"$TORCH_LIBDIR" -Wl,-rpath,"$TORCH_LIBDIR" -ltorch -ltorch_cpu -lc10 "${LINK_CUDA[@]}"
+  -L"$TORCH_LIBDIR" -Wl,-rpath,"$TORCH_LIBDIR" -ltorch -ltorch_cpu -lc10 "${LINK_CUDA[@]}" -fopenmp
 echo "   built in $((SECONDS - start)) s, $(cat "$BUILD"/*.log | grep -c 'warning:' || true) warning(s)"
 
 # Every undefined symbol but the shim's must be defined by a library the

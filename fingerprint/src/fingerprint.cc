@@ -923,6 +923,9 @@ Fingerprint FingerprintHostWith(const TensorView& tensor, const HostOptions& opt
   thread_local std::vector<uint8_t> t_gathered;
   if (threads == 1) {
     work(0, t_gathered);
+  } else if (options.run_parallel != nullptr) {
+    // A pool thread runs its shares one after another: its own buffer serves them.
+    (*options.run_parallel)(threads, [&work](int t) { work(t, t_gathered); });
   } else {
     std::vector<std::thread> pool;
     pool.reserve(threads - 1);
@@ -934,10 +937,10 @@ Fingerprint FingerprintHostWith(const TensorView& tensor, const HostOptions& opt
     }
     work(0, t_gathered);
     for (auto& th : pool) th.join();
-    for (uint64_t k = 0; k < tile_sum.size(); ++k) {
-      fold_sum += tile_sum[k];
-      fold_l2 += tile_l2[k];
-    }
+  }
+  for (uint64_t k = 0; k < tile_sum.size(); ++k) {
+    fold_sum += tile_sum[k];
+    fold_l2 += tile_l2[k];
   }
   spec::Lanes lanes;
   TileFloat f;
@@ -979,6 +982,15 @@ Fingerprint FingerprintHostWith(const TensorView& tensor, const HostOptions& opt
 Fingerprint FingerprintHost(const TensorView& tensor, int threads, ByteSums* sums) {
   internal::HostOptions options;
   options.threads = threads;
+  return internal::FingerprintHostWith(tensor, options, sums);
+}
+
+Fingerprint FingerprintHostOn(const TensorView& tensor, int tasks, const ParallelFor& run,
+                              ByteSums* sums) {
+  internal::HostOptions options;
+  options.threads = std::max(1, tasks);
+  options.min_bytes_per_thread = options.tile_bytes;  // the caller sized `tasks`
+  options.run_parallel = &run;
   return internal::FingerprintHostWith(tensor, options, sums);
 }
 

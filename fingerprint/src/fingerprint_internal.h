@@ -23,6 +23,8 @@ struct HostOptions {
   uint64_t tile_bytes = kDefaultTileBytes;  // multiple of 16, > 0
   // Smallest share of the buffer worth a thread of its own.
   uint64_t min_bytes_per_thread = 4u << 20;
+  // Runs the shares on a caller's pool instead of threads started per call.
+  const ParallelFor* run_parallel = nullptr;
 };
 
 // True when this CPU runs the AVX2 path (checked once at runtime).

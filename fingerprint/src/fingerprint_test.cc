@@ -9,6 +9,7 @@
 #include <numeric>
 #include <set>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -188,6 +189,53 @@ TEST(FingerprintSpec, IndependentOfThreadsAndTiles) {
   EXPECT_EQ(one.digest, all.digest);
   ExpectSameStats(one.stats, all.stats);
   EXPECT_EQ(DigestHost({b.data(), DType::kFloat32, shape, {}}, 3), one.digest);
+}
+
+TEST(FingerprintSpec, ACallersPoolGivesTheSameResult) {
+  // A pool that runs the shares in reverse order, on threads of its own and
+  // on the caller's, and counts them.
+  int ran = 0;
+  const ParallelFor pool = [&ran](int tasks, const std::function<void(int)>& task) {
+    ran = tasks;
+    std::vector<std::thread> threads;
+    for (int t = tasks - 1; t >= 0; --t) {
+      if (t % 2 == 1) {
+        threads.emplace_back(task, t);
+      } else {
+        task(t);
+      }
+    }
+    for (auto& th : threads) th.join();
+  };
+  const auto b = Bytes(21, (5u << 20) + 12);
+  const int64_t shape[] = {static_cast<int64_t>(b.size() / 4)};
+  const TensorView flat{b.data(), DType::kFloat32, shape, {}};
+  ByteSums one_sums, pool_sums;
+  const Fingerprint one = FingerprintHost(flat, 1, &one_sums);
+  for (int tasks : {2, 3, 8}) {
+    const Fingerprint got = FingerprintHostOn(flat, tasks, pool, &pool_sums);
+    EXPECT_EQ(ran, tasks);
+    EXPECT_EQ(got.digest, one.digest) << tasks << " tasks";
+    ExpectSameStats(got.stats, one.stats);
+    EXPECT_EQ(pool_sums.a0, one_sums.a0);
+    EXPECT_EQ(pool_sums.a1, one_sums.a1);
+  }
+  // A strided view: each share gathers its tiles in logical order.
+  const int64_t rows = 1024, cols = static_cast<int64_t>(b.size() / 4 / 1024);
+  const int64_t tshape[] = {cols, rows};
+  const int64_t tstrides[] = {1, cols};
+  const TensorView transposed{b.data(), DType::kFloat32, tshape, tstrides};
+  const Fingerprint serial = FingerprintHost(transposed, 1);
+  const Fingerprint pooled = FingerprintHostOn(transposed, 4, pool);
+  EXPECT_EQ(pooled.digest, serial.digest);
+  ExpectSameStats(pooled.stats, serial.stats);
+  // One task, or fewer bytes than a tile per task: the caller's thread alone.
+  ran = 0;
+  EXPECT_EQ(FingerprintHostOn(flat, 1, pool).digest, one.digest);
+  const int64_t small_shape[] = {100};
+  EXPECT_EQ(FingerprintHostOn({b.data(), DType::kFloat32, small_shape, {}}, 8, pool).digest,
+            FingerprintHost({b.data(), DType::kFloat32, small_shape, {}}).digest);
+  EXPECT_EQ(ran, 0);
 }
 
 TEST(FingerprintSpec, AlignmentDoesNotMatter) {

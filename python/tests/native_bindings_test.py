@@ -19,7 +19,8 @@ _C_TYPES = {
     "void": None, "int": ctypes.c_int, "uint8_t": ctypes.c_uint8, "uint32_t": ctypes.c_uint32,
     "uint64_t": ctypes.c_uint64, "int64_t": ctypes.c_int64,
     "size_t": ctypes.c_size_t, "const char*": ctypes.c_char_p, "char*": ctypes.c_char_p,
-    "opguard_release_fn": ctypes.c_void_p,  # a function pointer
+    "opguard_release_fn": ctypes.c_void_p,  # function pointers
+    "opguard_parallel_for": ctypes.c_void_p,
 }
 
 

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <string>
 
@@ -434,10 +435,12 @@ OPGUARD_API int opguard_fingerprint_device_async(const void* data, uint8_t dtype
   });
 }
 
-OPGUARD_API int opguard_fingerprint_host_sums(const void* data, uint8_t dtype,
-                                              const int64_t* shape, uint32_t ndim,
-                                              const int64_t* strides, opguard_tensor* out,
-                                              opguard_byte_sums* sums) {
+namespace {
+
+// opguard_fingerprint_host_sums, on `pool` when one is given.
+int FingerprintHostSums(const void* data, uint8_t dtype, const int64_t* shape, uint32_t ndim,
+                        const int64_t* strides, int tasks, opguard_parallel_for pool,
+                        void* pool_ctx, opguard_tensor* out, opguard_byte_sums* sums) {
   return Guard("opguard_fingerprint_host", OPGUARD_ERR_INVALID, [&] {
     if (out == nullptr || !ValidFingerprintArgs(dtype, shape, ndim)) return OPGUARD_ERR_INVALID;
 #ifdef OPGUARD_SHIM_HAVE_FINGERPRINT
@@ -454,7 +457,18 @@ OPGUARD_API int opguard_fingerprint_host_sums(const void* data, uint8_t dtype,
     view.shape = std::span<const int64_t>(shape, ndim);
     if (strides != nullptr) view.strides = std::span<const int64_t>(strides, ndim);
     fp::ByteSums byte_sums;
-    fp::Fingerprint f = fp::FingerprintHost(view, 1, &byte_sums);
+    fp::Fingerprint f;
+    if (pool != nullptr && tasks > 1) {
+      const fp::ParallelFor run = [pool, pool_ctx](int n, const std::function<void(int)>& task) {
+        pool(
+            pool_ctx, n,
+            [](void* ctx, int index) { (*static_cast<const std::function<void(int)>*>(ctx))(index); },
+            const_cast<std::function<void(int)>*>(&task));
+      };
+      f = fp::FingerprintHostOn(view, tasks, run, &byte_sums);
+    } else {
+      f = fp::FingerprintHost(view, 1, &byte_sums);
+    }
     *out = opguard_tensor{};
     out->fp_lo = f.digest.lo;
     out->fp_hi = f.digest.hi;
@@ -469,10 +483,30 @@ OPGUARD_API int opguard_fingerprint_host_sums(const void* data, uint8_t dtype,
 #else
     (void)data;
     (void)strides;
+    (void)tasks;
+    (void)pool;
+    (void)pool_ctx;
     (void)sums;
     return OPGUARD_ERR_UNSUPPORTED;
 #endif
   });
+}
+
+}  // namespace
+
+OPGUARD_API int opguard_fingerprint_host_sums(const void* data, uint8_t dtype,
+                                              const int64_t* shape, uint32_t ndim,
+                                              const int64_t* strides, opguard_tensor* out,
+                                              opguard_byte_sums* sums) {
+  return FingerprintHostSums(data, dtype, shape, ndim, strides, 1, nullptr, nullptr, out, sums);
+}
+
+OPGUARD_API int opguard_fingerprint_host_parallel(const void* data, uint8_t dtype,
+                                                  const int64_t* shape, uint32_t ndim,
+                                                  const int64_t* strides, int tasks,
+                                                  opguard_parallel_for pool, void* pool_ctx,
+                                                  opguard_tensor* out, opguard_byte_sums* sums) {
+  return FingerprintHostSums(data, dtype, shape, ndim, strides, tasks, pool, pool_ctx, out, sums);
 }
 
 OPGUARD_API int opguard_fingerprint_reshape(const opguard_byte_sums* sums, uint8_t dtype,

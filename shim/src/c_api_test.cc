@@ -283,6 +283,60 @@ TEST_F(ApiTest, FingerprintHelper) {
             OPGUARD_ERR_INVALID);
 }
 
+// A caller's pool gets the shares of a large tensor and gives the fingerprint,
+// statistics and sums of the calling thread alone; a strided view too.
+TEST_F(ApiTest, FingerprintOnACallersPoolEqualsTheSerialOne) {
+  std::vector<float> data(1 << 20);
+  uint64_t state = 3;
+  for (float& v : data) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    v = static_cast<float>(static_cast<int64_t>(state >> 40) - (1 << 23)) / 4096.0f;
+  }
+  struct Pool {
+    int calls = 0, tasks = 0;
+  } pool;
+  const opguard_parallel_for run = [](void* ctx, int tasks, void (*task)(void*, int), void* task_ctx) {
+    auto* p = static_cast<Pool*>(ctx);
+    ++p->calls;
+    p->tasks += tasks;
+    std::vector<std::thread> threads;
+    for (int i = 1; i < tasks; ++i) threads.emplace_back(task, task_ctx, i);
+    task(task_ctx, 0);
+    for (auto& t : threads) t.join();
+  };
+  const int64_t shape[] = {1024, 1024};
+  const int64_t transposed[] = {1, 1024};
+  for (const int64_t* strides : {static_cast<const int64_t*>(nullptr), transposed}) {
+    opguard_tensor serial = {}, pooled = {};
+    opguard_byte_sums serial_sums = {}, pooled_sums = {};
+    const int rc = opguard_fingerprint_host_sums(data.data(), OPGUARD_DTYPE_FLOAT32, shape, 2,
+                                                 strides, &serial, &serial_sums);
+    if (rc == OPGUARD_ERR_UNSUPPORTED) GTEST_SKIP() << "built without opguard_fingerprint";
+    ASSERT_EQ(rc, OPGUARD_OK);
+    pool = {};
+    ASSERT_EQ(opguard_fingerprint_host_parallel(data.data(), OPGUARD_DTYPE_FLOAT32, shape, 2,
+                                                strides, 4, run, &pool, &pooled, &pooled_sums),
+              OPGUARD_OK);
+    EXPECT_EQ(pool.calls, 1);
+    EXPECT_EQ(pool.tasks, 4);
+    EXPECT_EQ(pooled.fp_lo, serial.fp_lo);
+    EXPECT_EQ(pooled.fp_hi, serial.fp_hi);
+    EXPECT_EQ(std::memcmp(&pooled.stats, &serial.stats, sizeof(serial.stats)), 0);
+    EXPECT_EQ(pooled_sums.a0, serial_sums.a0);
+    EXPECT_EQ(pooled_sums.a1, serial_sums.a1);
+  }
+  // No pool, or one task: the calling thread alone.
+  opguard_tensor out = {};
+  EXPECT_EQ(opguard_fingerprint_host_parallel(data.data(), OPGUARD_DTYPE_FLOAT32, shape, 2, nullptr,
+                                              4, nullptr, nullptr, &out, nullptr),
+            OPGUARD_OK);
+  pool = {};
+  EXPECT_EQ(opguard_fingerprint_host_parallel(data.data(), OPGUARD_DTYPE_FLOAT32, shape, 2, nullptr,
+                                              1, run, &pool, &out, nullptr),
+            OPGUARD_OK);
+  EXPECT_EQ(pool.calls, 0);
+}
+
 // A reshape of the same bytes, finalized from their sums, equals the bytes
 // fingerprinted under the new shape, for many buffers and shapes; a shape
 // change still changes the fingerprint.

@@ -34,5 +34,8 @@ void DisableOnce(const char* what);
 void WarnOnce(std::atomic<bool>& warned, const char* what);
 // Wall-clock nanoseconds since the epoch, as op records carry them.
 uint64_t NowNs();
+// The byte count in environment variable `name`, `fallback` when it is unset
+// or empty; a value that is not a byte count warns once and gives `fallback`.
+uint64_t EnvByteCount(const char* name, uint64_t fallback);
 
 }  // namespace opguard::torch_adapter

@@ -223,6 +223,37 @@ TEST_F(AdapterTest, LargeOutputHashedOffThreadKeepsThePreWriteBits) {
   EXPECT_TRUE(ingest_->Snapshot().gaps.empty());
 }
 
+// With two intra-op threads, large tensors hashed on the training thread are
+// split over torch's pool: contiguous outputs, a transposed view the adapter
+// gathers and one hashed from its strides carry the fingerprint the calling
+// thread alone computes from the same bytes.
+TEST_F(AdapterTest, LargeTensorsHashedOnTheIntraOpPoolMatchTheSerialFingerprint) {
+  ASSERT_TRUE(Record("intra_op_pool.py"));
+  std::map<std::string, std::string> printed;  // key=value lines of the script's stderr
+  std::istringstream lines(log_);
+  for (std::string line; std::getline(lines, line);) {
+    if (auto eq = line.find('='); eq != std::string::npos) printed[line.substr(0, eq)] = line.substr(eq + 1);
+  }
+  ASSERT_EQ(printed["threads"], "2") << log_;
+  std::vector<const ReceivedOp*> muls, clones;
+  const auto ops = Lane0Ops(*ingest_);
+  for (const auto& [op, name] : ops) {
+    if (name == "aten::mul") muls.push_back(&op);
+    if (name == "aten::clone") clones.push_back(&op);
+  }
+  ASSERT_EQ(muls.size(), 6u) << log_;
+  ASSERT_EQ(clones.size(), 6u) << log_;
+  for (size_t i = 0; i < 3; ++i) {
+    const std::string n = std::to_string(i);
+    EXPECT_EQ(std::to_string(muls[2 * i]->out_lo), printed["mul" + n]) << "step " << i;
+    EXPECT_EQ(std::to_string(clones[2 * i]->in_lo), printed["t" + n]) << "strided, step " << i;
+    EXPECT_EQ(std::to_string(clones[2 * i]->out_lo), printed["t" + n]);
+    EXPECT_EQ(std::to_string(clones[2 * i + 1]->in_lo), printed["tsmall" + n]) << "gathered";
+    EXPECT_EQ(std::to_string(clones[2 * i + 1]->out_lo), printed["tsmall" + n]);
+  }
+  EXPECT_TRUE(ingest_->Snapshot().gaps.empty());
+}
+
 // In-place writes run inside a tensor subclass's __torch_dispatch__ (the
 // ops on an AsyncCollectiveTensor or a DTensor) do not bump the written
 // tensor's version counter: each written op's output is the bytes written,

@@ -5,12 +5,8 @@
 #include <pthread.h>
 
 #include <atomic>
-#include <cerrno>
 #include <chrono>
 #include <condition_variable>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -143,22 +139,7 @@ void AwaitValue(const c10::IValue& v) {
 }  // namespace
 
 uint64_t AsyncMinBytes() {
-  static const uint64_t min_bytes = [] {
-    constexpr uint64_t kDefault = 1u << 20;
-    const char* value = std::getenv("OPGUARD_ASYNC_FP_MIN_BYTES");
-    if (value == nullptr || value[0] == '\0') return kDefault;
-    char* end = nullptr;
-    errno = 0;
-    unsigned long long parsed = std::strtoull(value, &end, 10);
-    if (errno != 0 || end == value || *end != '\0' || value[0] == '-') {
-      std::fprintf(stderr,
-                   "opguard-torch warning: OPGUARD_ASYNC_FP_MIN_BYTES='%s' is not a byte count; "
-                   "using %llu\n",
-                   value, static_cast<unsigned long long>(kDefault));
-      return kDefault;
-    }
-    return static_cast<uint64_t>(parsed);
-  }();
+  static const uint64_t min_bytes = EnvByteCount("OPGUARD_ASYNC_FP_MIN_BYTES", 1u << 20);
   return min_bytes;
 }
 

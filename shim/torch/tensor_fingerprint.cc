@@ -5,10 +5,13 @@
 
 #include <cstring>
 #include <string_view>
+#include <thread>
 #include <vector>
 
+#include "adapter_state.h"
 #include "async_fingerprints.h"
 #include "device_fingerprint.h"
+#include "intra_op_pool.h"
 #include "torch_compat.h"
 
 namespace opguard::torch_adapter {
@@ -294,10 +297,20 @@ bool FingerprintTensor(const at::Tensor& t, ThreadState& ts, Shapes& shapes, opg
     }
   }
   opguard_byte_sums sums{};
-  if (opguard_fingerprint_host_sums(bytes, dtype, sizes.data(), ndim, fp_strides, out, &sums) !=
-      OPGUARD_OK) {
-    return false;
-  }
+  // On the training thread a large tensor is hashed on torch's intra-op pool
+  // too (intra_op_pool.h); other threads (gloo's, the autograd engine's
+  // device threads) would each start an OpenMP team of their own.
+  static const bool pool_supported = opguard_api_version() >= 5;
+  const int shares = pool_supported && std::this_thread::get_id() == g_adapter.main_thread
+                         ? IntraOpShares(static_cast<uint64_t>(t.numel()) * t.element_size())
+                         : 1;
+  const int rc = shares > 1 ? opguard_fingerprint_host_parallel(bytes, dtype, sizes.data(), ndim,
+                                                                fp_strides, shares,
+                                                                &RunOnIntraOpPool, nullptr, out,
+                                                                &sums)
+                            : opguard_fingerprint_host_sums(bytes, dtype, sizes.data(), ndim,
+                                                            fp_strides, out, &sums);
+  if (rc != OPGUARD_OK) return false;
   if (cacheable) {
     ts.cache.Put(key, FingerprintCache::Value{t.storage().getWeakStorageImpl(), out->fp_lo,
                                               out->fp_hi, out->stats, out->has_stats, sums,

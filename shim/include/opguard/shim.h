@@ -56,8 +56,9 @@ extern "C" {
  *    opguard_fingerprint_host_async, opguard_fingerprint_device_async) and
  *    the fp_* counters.
  * 4: kernel attribution (opguard_kernels_*, opguard_op.kernels_key, the
- *    kernel_* counters). */
-#define OPGUARD_SHIM_API_VERSION 4
+ *    kernel_* counters).
+ * 5: opguard_fingerprint_host_parallel. */
+#define OPGUARD_SHIM_API_VERSION 5
 
 /* ---- return codes ------------------------------------------------------ */
 #define OPGUARD_OK 0
@@ -331,6 +332,22 @@ OPGUARD_API int opguard_fingerprint_host_sums(const void* data, uint8_t dtype,
                                               const int64_t* shape, uint32_t ndim,
                                               const int64_t* strides, opguard_tensor* out,
                                               opguard_byte_sums* sums);
+
+/* A caller's thread pool: runs task(task_ctx, i) for every i in [0, tasks),
+ * in any order and on any of its threads, and returns once all have
+ * returned. */
+typedef void (*opguard_parallel_for)(void* pool_ctx, int tasks,
+                                     void (*task)(void* task_ctx, int index), void* task_ctx);
+
+/* opguard_fingerprint_host_sums with the tensor split into at most `tasks`
+ * shares that `pool` runs (a framework's intra-op pool, idle while the
+ * calling thread fingerprints); the same result whatever the split. Since
+ * API 5. */
+OPGUARD_API int opguard_fingerprint_host_parallel(const void* data, uint8_t dtype,
+                                                  const int64_t* shape, uint32_t ndim,
+                                                  const int64_t* strides, int tasks,
+                                                  opguard_parallel_for pool, void* pool_ctx,
+                                                  opguard_tensor* out, opguard_byte_sums* sums);
 
 /* The fingerprint of the same bytes under another shape of the same dtype
  * (a reshape or view of a contiguous tensor, whose statistics are also the

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -83,6 +84,17 @@ struct ByteSums {
 Fingerprint FingerprintHost(const TensorView& tensor, int threads = 1, ByteSums* sums = nullptr);
 
 // ---- additions (beyond the original contract) --------------------------------
+
+// A caller's thread pool: runs task(0) .. task(tasks - 1), in any order and
+// on any of its threads, and returns once all have returned. (The PyTorch
+// adapter passes torch's intra-op pool, whose threads are idle while the
+// training thread fingerprints.)
+using ParallelFor = std::function<void(int tasks, const std::function<void(int)>& task)>;
+
+// FingerprintHost with the tensor split into at most `tasks` shares run by
+// `run` instead of threads of its own; the same result as FingerprintHost.
+Fingerprint FingerprintHostOn(const TensorView& tensor, int tasks, const ParallelFor& run,
+                              ByteSums* sums = nullptr);
 
 // The digest alone, skipping the statistics (about twice as fast for
 // floating tensors). Equal to FingerprintHost(tensor, threads).digest.
