@@ -424,7 +424,8 @@ TEST_F(LimitsTest, AbandonedDiffsAreCancelledAndDoNotDelayTheNextOne) {
   const double cpu0 = testing::ProcessCpuSeconds(d->pid());
   for (int i = 0; i < kAbandoned; ++i) {
     auto r = testing::HttpGet(d->http(), "/api/diff?reference=ref&suspect=other", 1ms);
-    EXPECT_FALSE(r.ok()) << "an abandoned diff was answered within 1 ms";
+    EXPECT_FALSE(r.ok()) << "an abandoned diff was answered within 1 ms: "
+                         << (r.ok() ? std::to_string(r->status) + " " + r->body.substr(0, 300) : "");
   }
   const double after = timed_diff(nullptr);
   const double flood_cpu = testing::ProcessCpuSeconds(d->pid()) - cpu0;
