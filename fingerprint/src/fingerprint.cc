@@ -844,6 +844,15 @@ void MergeFloatCounts(TileFloat& into, const TileFloat& t) {
   into.max = std::max(into.max, t.max);
 }
 
+// The calling thread's tile buffer for strided tensors, kept for its next
+// call (the adapter fingerprints one tensor after another). Declared in a
+// function that every thread using it runs, so that each thread's buffer is
+// constructed, and freed when the thread exits (a pool's threads included).
+std::vector<uint8_t>& ThreadGatherBuffer() {
+  thread_local std::vector<uint8_t> buffer;
+  return buffer;
+}
+
 }  // namespace
 
 namespace internal {
@@ -918,14 +927,11 @@ Fingerprint FingerprintHostWith(const TensorView& tensor, const HostOptions& opt
       }
     }
   };
-  // The calling thread's tile buffer for strided tensors is kept for its
-  // next call (the adapter fingerprints one tensor after another).
-  thread_local std::vector<uint8_t> t_gathered;
   if (threads == 1) {
-    work(0, t_gathered);
+    work(0, ThreadGatherBuffer());
   } else if (options.run_parallel != nullptr) {
     // A pool thread runs its shares one after another: its own buffer serves them.
-    (*options.run_parallel)(threads, [&work](int t) { work(t, t_gathered); });
+    (*options.run_parallel)(threads, [&work](int t) { work(t, ThreadGatherBuffer()); });
   } else {
     std::vector<std::thread> pool;
     pool.reserve(threads - 1);
@@ -935,7 +941,7 @@ Fingerprint FingerprintHostWith(const TensorView& tensor, const HostOptions& opt
         work(t, gathered);
       });
     }
-    work(0, t_gathered);
+    work(0, ThreadGatherBuffer());
     for (auto& th : pool) th.join();
   }
   for (uint64_t k = 0; k < tile_sum.size(); ++k) {
