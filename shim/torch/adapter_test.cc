@@ -93,6 +93,16 @@ class AdapterTest : public ::testing::Test {
   }
 
   std::string dir_;
+  // The key=value lines of the last script's stderr.
+  std::map<std::string, std::string> Printed() const {
+    std::map<std::string, std::string> printed;
+    std::istringstream lines(log_);
+    for (std::string line; std::getline(lines, line);) {
+      if (auto eq = line.find('='); eq != std::string::npos) printed[line.substr(0, eq)] = line.substr(eq + 1);
+    }
+    return printed;
+  }
+
   std::string log_;
   std::unique_ptr<FakeDaemon> ingest_;
 };
@@ -194,11 +204,7 @@ TEST_F(AdapterTest, StridedViewsAreFingerprintedInLogicalOrder) {
 // after the op), the write's record the written ones.
 TEST_F(AdapterTest, LargeOutputHashedOffThreadKeepsThePreWriteBits) {
   ASSERT_TRUE(Record("async_large.py"));
-  std::map<std::string, std::string> printed;  // key=value lines of the script's stderr
-  std::istringstream lines(log_);
-  for (std::string line; std::getline(lines, line);) {
-    if (auto eq = line.find('='); eq != std::string::npos) printed[line.substr(0, eq)] = line.substr(eq + 1);
-  }
+  std::map<std::string, std::string> printed = Printed();
   ASSERT_TRUE(printed.count("expect3")) << log_;
   EXPECT_NE(printed["fp_resolved"], "0") << "nothing was fingerprinted off the thread";
   EXPECT_EQ(printed["fp_failed"], "0");
@@ -229,11 +235,7 @@ TEST_F(AdapterTest, LargeOutputHashedOffThreadKeepsThePreWriteBits) {
 // thread alone computes from the same bytes.
 TEST_F(AdapterTest, LargeTensorsHashedOnTheIntraOpPoolMatchTheSerialFingerprint) {
   ASSERT_TRUE(Record("intra_op_pool.py"));
-  std::map<std::string, std::string> printed;  // key=value lines of the script's stderr
-  std::istringstream lines(log_);
-  for (std::string line; std::getline(lines, line);) {
-    if (auto eq = line.find('='); eq != std::string::npos) printed[line.substr(0, eq)] = line.substr(eq + 1);
-  }
+  std::map<std::string, std::string> printed = Printed();
   ASSERT_EQ(printed["threads"], "2") << log_;
   std::vector<const ReceivedOp*> muls, clones;
   const auto ops = Lane0Ops(*ingest_);
