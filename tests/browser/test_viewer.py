@@ -161,7 +161,7 @@ class RealTraining(ViewerTestCase):
         self.assertIn(f"#{first['op_index']['suspect']}", self.wait(".vrow.selected").text)
 
     def test_collectives_matrix_marks_the_desync(self):
-        with self.assertRaisesRegex(AssertionError, "Timed out"):
+        with self.assertRaisesRegex(AssertionError, harness.TIMEOUT_EXIT):
             harness.train(self.site, self.daemon, "desync", ranks=RANKS, steps=STEPS, fault="desync:1:1",
                           timeout=180, args=["--timeout", "5"])
         report = self.daemon.cli_json("collectives", "desync")

@@ -18,6 +18,13 @@ import time
 import unittest
 import urllib.request
 
+# How a job fails when a collective's peers never come: the launcher reports
+# the first rank to fail, by gloo's timeout or, when a peer already left on
+# its own timeout, by the connection it closed; which comes first is timing,
+# and so is the call it fails in (a rank whose side of the desynchronized
+# broadcast completed goes on to the next collective and waits there).
+TIMEOUT_EXIT = r"(Timed out|Connection closed by peer)"
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 TRAIN = os.path.join(HERE, "train_gpt.py")
 # Debian's interpreter, the one with torch; OPGUARD_TEST_PYTHON names another:
