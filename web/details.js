@@ -24,18 +24,24 @@ function statDiff(a, b) {
   return d.join(' · ');
 }
 
-function tensorCell(t, other) {
+// A trusted op (OPGUARD_TRUSTED) was recorded without fingerprints: its
+// tensors have a dtype and shape only, and nothing about it is compared.
+const NOT_FINGERPRINTED = 'not fingerprinted (trusted op)';
+
+function tensorCell(t, other, trusted) {
   if (!t) return el('td', { class: 'muted' }, '—');
-  const differs = other && other.fingerprint !== t.fingerprint;
+  if (trusted.self) return el('td', { class: 'muted' }, el('div', {}, shapeText(t)), el('div', { class: 'small' }, NOT_FINGERPRINTED));
+  const differs = other && !trusted.other && other.fingerprint !== t.fingerprint;
   return el('td', { class: differs ? 'differs' : '' },
     el('div', {}, shapeText(t)), el('div', { class: 'mono' }, t.fingerprint), el('div', { class: 'small' }, statText(t.stats)));
 }
 
-function inputText(v) {
+function inputText(v, trusted) {
   switch (v.kind) {
     case 'scalar': return `${v.dtype.toLowerCase()} ${decodeScalar(v.bits_hex, v.dtype)}  (bits 0x${v.bits_hex})`;
-    case 'tensor': return `${shapeText(v.tensor)} ${v.tensor.fingerprint}`;
-    case 'tensor_list': return `list of ${v.tensors.length}: ` + v.tensors.map((t) => t.fingerprint.slice(0, 8)).join(' ');
+    case 'tensor': return `${shapeText(v.tensor)} ${trusted ? NOT_FINGERPRINTED : v.tensor.fingerprint}`;
+    case 'tensor_list': return `list of ${v.tensors.length}: ` +
+      (trusted ? NOT_FINGERPRINTED : v.tensors.map((t) => t.fingerprint.slice(0, 8)).join(' '));
     default: return 'none';
   }
 }
@@ -72,11 +78,13 @@ export async function showDetails(panel, sides) {
   const head = el('tr', {}, el('th', {}), present.map((s) => el('th', {}, `${s.label}: ${s.run}`)));
   const row = (name, f, cls = () => '') => el('tr', {}, el('th', {}, name), ops.map((o, i) => el('td', { class: cls(o, ops[1 - i]) }, f(o))));
   const differs = (f) => (o, other) => (other && f(o) !== f(other) ? 'differs' : '');
+  const compared = !ops.some((o) => o.trusted);
   const outputs = [];
   const nOut = Math.max(...ops.map((o) => o.outputs.length));
   for (let i = 0; i < nOut; ++i) {
-    outputs.push(el('tr', {}, el('th', {}, `output ${i}`), ops.map((o, k) => tensorCell(o.outputs[i], ops[1 - k]?.outputs[i]))));
-    if (b && a.outputs[i] && b.outputs[i] && a.outputs[i].fingerprint !== b.outputs[i].fingerprint) {
+    outputs.push(el('tr', {}, el('th', {}, `output ${i}`), ops.map((o, k) => tensorCell(o.outputs[i], ops[1 - k]?.outputs[i],
+      { self: o.trusted, other: ops[1 - k]?.trusted }))));
+    if (b && compared && a.outputs[i] && b.outputs[i] && a.outputs[i].fingerprint !== b.outputs[i].fingerprint) {
       outputs.push(el('tr', { class: 'delta' }, el('th', {}, 'difference'),
         el('td', { colspan: 2 }, statDiff(a.outputs[i].stats, b.outputs[i].stats) || 'same statistics, different bits')));
     }
@@ -84,7 +92,8 @@ export async function showDetails(panel, sides) {
   const inputs = [];
   const nIn = Math.max(...ops.map((o) => o.inputs.length));
   for (let i = 0; i < nIn; ++i) {
-    inputs.push(row(`input ${i}`, (o) => (o.inputs[i] ? inputText(o.inputs[i]) : '—'), differs((o) => (o.inputs[i] ? inputText(o.inputs[i]) : ''))));
+    inputs.push(row(`input ${i}`, (o) => (o.inputs[i] ? inputText(o.inputs[i], o.trusted) : '—'),
+      compared ? differs((o) => (o.inputs[i] ? inputText(o.inputs[i]) : '')) : () => ''));
   }
   const table = el('table', { class: 'details' }, el('thead', {}, head), el('tbody', {},
     row('op', (o) => o.name, differs((o) => o.name)),

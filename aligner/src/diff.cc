@@ -5,6 +5,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <utility>
 
 #include "view.h"
 
@@ -79,6 +80,7 @@ struct LaneWork {
   std::optional<size_t> pivot;  // index into al.pairs
   uint64_t walked = 0;          // pairs before the pivot (all pairs if none)
   uint64_t skipped_nd = 0;
+  uint64_t skipped_trusted = 0;  // before the pivot (all if none)
   std::vector<MissingRange> blocking;   // gaps before the pivot that were not tolerated
   std::vector<std::string> tolerated;
   // Steps of the blocking gaps, per run, to compare with other lanes' pivots.
@@ -140,18 +142,23 @@ Order CollectiveVsPivot(const CollectiveEvent& c, uint32_t lane, uint64_t op_ind
   return Order::kUnknown;
 }
 
-// Fingerprints of `side`'s input tensors that `other` does not have at the
-// same position.
-std::vector<Fp128> DifferingInputs(const OpView& side, const OpView& other) {
-  std::vector<Fp128> out;
+// Calls `f` with each of `side`'s input tensors whose fingerprint `other`
+// does not have at the same position.
+template <typename F>
+void ForEachDifferingInput(const OpView& side, const OpView& other, F f) {
   for (size_t k = 0; k < side.inputs.size(); ++k) {
     const auto& tensors = side.inputs[k].tensors;
     for (size_t t = 0; t < tensors.size(); ++t) {
       const bool same = k < other.inputs.size() && t < other.inputs[k].tensors.size() &&
                         other.inputs[k].tensors[t].fingerprint == tensors[t].fingerprint;
-      if (!same) out.push_back(tensors[t].fingerprint);
+      if (!same) f(tensors[t]);
     }
   }
+}
+
+std::vector<Fp128> DifferingInputs(const OpView& side, const OpView& other) {
+  std::vector<Fp128> out;
+  ForEachDifferingInput(side, other, [&out](const TensorView& t) { out.push_back(t.fingerprint); });
   return out;
 }
 
@@ -180,6 +187,42 @@ std::optional<OpView> FindUnpairedProducer(const LaneTrace& lane, const std::vec
     for (const TensorInfo& out : d->outputs) {
       if (std::find(wanted.begin(), wanted.end(), out.fingerprint) != wanted.end()) {
         return MakeOpView(rank, lane.lane, lane.ops[pos], details, strings);
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+// The dtype and shape of each of `side`'s differing input tensors.
+std::vector<std::pair<std::string, std::vector<int64_t>>> DifferingInputLayouts(const OpView& side,
+                                                                                const OpView& other) {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  ForEachDifferingInput(side, other, [&out](const TensorView& t) { out.emplace_back(t.dtype, t.shape); });
+  return out;
+}
+
+// Trusted mode: the latest paired trusted op before pair `pivot` (suspect
+// side) with an output of a layout in `wanted`. Its output was not
+// fingerprinted, so this is a candidate, not a proof: the differing input
+// may also come from an earlier trusted op of the same layout, another lane
+// or a collective.
+std::optional<OpView> FindTrustedCandidate(const LaneWork& w, size_t pivot,
+                                           const std::vector<std::pair<std::string, std::vector<int64_t>>>& wanted,
+                                           uint32_t rank, const DetailSource* details,
+                                           const StringResolver* strings) {
+  if (details == nullptr || wanted.empty()) return std::nullopt;
+  int loaded = 0;
+  for (size_t k = pivot; k-- > 0 && loaded < kProducerCandidates;) {
+    const OpEvent& se = w.sus->ops[w.al.pairs[k].sus];
+    if (!se.trusted() && !w.ref->ops[w.al.pairs[k].ref].trusted()) continue;
+    ++loaded;
+    std::optional<OpDetail> d = details->Find(rank, w.lane, se.op_index);
+    if (!d) continue;
+    for (const TensorInfo& out : d->outputs) {
+      for (const auto& [dtype, shape] : wanted) {
+        if (dtype == DTypeName(out.dtype) && shape == out.shape) {
+          return MakeOpView(rank, w.lane, se, details, strings);
+        }
       }
     }
   }
@@ -215,8 +258,13 @@ FirstDivergence MakeDivergence(const LaneWork& w, uint32_t ref_rank, uint32_t su
                                            ref_rank, ctx.reference_details, ctx.reference_strings);
         fd.producer_run = fd.producer ? "reference" : "";
       }
+      if (!fd.producer && w.skipped_trusted > 0) {
+        fd.trusted_candidate = FindTrustedCandidate(w, *w.pivot, DifferingInputLayouts(fd.suspect, fd.reference),
+                                                    sus_rank, ctx.suspect_details, ctx.suspect_strings);
+      }
     }
   }
+  fd.trusted_before = w.skipped_trusted;
   return fd;
 }
 
@@ -282,6 +330,13 @@ Result<RankDiff> DiffRank(const RankTrace& ref, const RankTrace& sus, const Diff
           ++w.skipped_nd;
           continue;
         }
+        // Trusted ops carry no fingerprints: nothing to compare (a run
+        // recorded in full mode against a trusted one compares only the
+        // ops neither side trusted).
+        if (re.trusted() || se.trusted()) {
+          ++w.skipped_trusted;
+          continue;
+        }
         if (!(re.outputs == se.outputs)) {
           w.pivot = k;
           break;
@@ -316,6 +371,7 @@ Result<RankDiff> DiffRank(const RankTrace& ref, const RankTrace& sus, const Diff
     out.unaligned_total_sus += ld.unaligned_sus;
     out.reordered += ld.reordered;
     out.skipped_nondeterministic += w.skipped_nd;
+    out.skipped_trusted += w.skipped_trusted;
     out.lanes.push_back(ld);
   }
 
@@ -476,6 +532,7 @@ DiffReport MergeRankDiffs(std::vector<RankDiff> answers, const std::vector<uint3
   for (const RankDiff& r : out.ranks) {
     summaries.push_back(r.summary);
     out.skipped_nondeterministic += r.skipped_nondeterministic;
+    out.skipped_trusted += r.skipped_trusted;
     if (r.status == DiffStatus::kIncomplete) out.incomplete_ranks.push_back(r.rank);
     if (r.status == DiffStatus::kDiverged) any_diverged = true;
     for (const std::string& n : r.notes) out.notes.push_back("rank " + std::to_string(r.rank) + ": " + n);

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include "opguard/aligner/render.h"
 #include "test_util.h"
 
 namespace opguard::aligner {
@@ -208,13 +209,16 @@ TEST(DiffRank, DetailsAndSitesAreResolvedForThePivotOnly) {
   EXPECT_EQ(f.differing_outputs, std::vector<uint32_t>{0});
 }
 
-// Details for one op: one tensor input and one tensor output, by fingerprint.
+// Details for one op: one tensor input and one tensor output, by fingerprint
+// (float32, shape {4}).
 OpDetail Io(uint64_t op_index, Fp128 in, Fp128 out) {
   OpDetail d;
   d.op_index = op_index;
   InputValue v;
   v.kind = ValueKind::kTensor;
   v.tensor.fingerprint = in;
+  v.tensor.dtype = DType::kFloat32;
+  v.tensor.shape = {4};
   d.inputs = {v};
   d.outputs = {TensorInfo{out, DType::kFloat32, {4}, std::nullopt, -1}};
   return d;
@@ -262,6 +266,60 @@ TEST(DiffRank, InputsDifferNameTheUnpairedOpThatProducedThem) {
     ASSERT_EQ(d.status, DiffStatus::kDiverged);
     EXPECT_FALSE(d.first_divergence->producer);
     EXPECT_EQ(d.first_divergence->producer_run, "");
+  }
+}
+
+TEST(DiffRank, TrustedOpsAreNeverComparedAndCounted) {
+  // B's outputs differ but it is trusted in both runs; C is trusted in the
+  // reference only (recorded in full mode in the suspect): neither is
+  // compared.
+  RankDiff d = Diff(Rank(0, "A B^ C^ D"), Rank(0, "A B#x^ C#y D"));
+  EXPECT_EQ(d.status, DiffStatus::kIdentical);
+  EXPECT_EQ(d.skipped_trusted, 2u);
+  d = Diff(Rank(0, "A B^ C D"), Rank(0, "A B^ C#bad D"));
+  ASSERT_EQ(d.status, DiffStatus::kDiverged);
+  EXPECT_EQ(d.first_divergence->suspect.op_index, 2u);
+  EXPECT_EQ(d.first_divergence->trusted_before, 1u);
+}
+
+TEST(DiffRank, InputsDifferAfterTrustedOpsNameTheLatestTrustedOpOfTheirLayout) {
+  // M and N are trusted (no fingerprints); C's input differs. N is nearer C,
+  // but only M made a tensor of the input's dtype and shape.
+  auto trusted = [](uint64_t op_index, std::vector<int64_t> out_shape) {
+    OpDetail d = Io(op_index, Fp128{}, Fp128{});
+    d.outputs[0].shape = std::move(out_shape);
+    d.trusted = true;
+    return d;
+  };
+  for (const bool layout_matches : {true, false}) {
+    SCOPED_TRACE(layout_matches ? "M's output has the input's layout" : "no trusted output has it");
+    InMemoryDetails rd, sd;
+    rd.Add(0, Io(3, Fp128{5, 5}, Fp128{1, 1}));
+    sd.Add(0, trusted(1, layout_matches ? std::vector<int64_t>{4} : std::vector<int64_t>{2, 2}));
+    sd.Add(0, trusted(2, {8}));
+    sd.Add(0, Io(3, Fp128{7, 7}, Fp128{2, 2}));
+    DiffContext ctx{&rd, &sd, nullptr, nullptr, {}};
+    RankDiff d = Diff(Rank(0, "A M^ N^ C D"), Rank(0, "A M^ N^ ~C#bad D"), ctx);
+    ASSERT_EQ(d.status, DiffStatus::kDiverged);
+    const FirstDivergence& f = *d.first_divergence;
+    EXPECT_EQ(f.suspect.op_index, 3u);
+    EXPECT_FALSE(f.inputs_equal);
+    EXPECT_FALSE(f.producer);
+    EXPECT_EQ(f.trusted_before, 2u);
+    ASSERT_EQ(f.trusted_candidate.has_value(), layout_matches);
+    if (layout_matches) {
+      EXPECT_EQ(f.trusted_candidate->op_index, 1u);
+      EXPECT_TRUE(f.trusted_candidate->trusted);
+    }
+    DiffReport report;
+    report.status = DiffStatus::kDiverged;
+    report.first_divergence = f;
+    report.skipped_trusted = d.skipped_trusted;
+    const std::string text = ToText(report);
+    EXPECT_NE(text.find(layout_matches ? "probably by trusted op #1" : "or one of 2 trusted op(s) before it"),
+              std::string::npos)
+        << text;
+    EXPECT_NE(text.find("skipped 2 trusted op(s)"), std::string::npos) << text;
   }
 }
 

@@ -112,6 +112,7 @@ json View(const OpView& v) {
               {"backward", v.backward},
               {"start_ns", v.start_ns},
               {"detail_available", v.detail_available},
+              {"trusted", v.trusted},
               {"output_digest", FpHex(v.output_digest)},
               {"input_digest", FpHex(v.input_digest)},
               {"outputs", outputs},
@@ -141,6 +142,8 @@ json Divergence(const std::optional<FirstDivergence>& f) {
               {"differing_outputs", f->differing_outputs},
               {"producer", f->producer ? json{{"run", f->producer_run}, {"op", View(*f->producer)}} : json(nullptr)},
               {"kernels_differ", kernels_differ ? json(*kernels_differ) : json(nullptr)},
+              {"trusted_before", f->trusted_before},
+              {"trusted_candidate", f->trusted_candidate ? View(*f->trusted_candidate) : json(nullptr)},
               {"reference", View(f->reference)},
               {"suspect", View(f->suspect)}};
 }
@@ -256,6 +259,16 @@ void EvidenceText(std::ostringstream& o, const FirstDivergence& f) {
     o << "inputs differ, output differs → an input comes from op #" << p.op_index << " " << p.op << " ("
       << SiteText(p.site) << ") of the " << f.producer_run << " run, which has no partner in the "
       << (f.producer_run == "suspect" ? "reference" : "suspect") << "\n";
+  } else if (f.trusted_candidate) {
+    const OpView& c = *f.trusted_candidate;
+    o << "inputs differ, output differs → an input was made without fingerprints: probably by trusted op #"
+      << c.op_index << " " << c.op << " (" << SiteText(c.site)
+      << "), the latest trusted op before it with an output of that dtype and shape (" << f.trusted_before
+      << " trusted op(s) before it were not compared); record again without OPGUARD_TRUSTED to confirm\n";
+  } else if (f.trusted_before > 0) {
+    o << "inputs differ, output differs → a producer upstream that was not recorded (or not aligned), or one of "
+      << f.trusted_before << " trusted op(s) before it, recorded without fingerprints: record again without "
+         "OPGUARD_TRUSTED to find it\n";
   } else {
     o << "inputs differ, output differs → a producer upstream that was not recorded (or not aligned)\n";
   }
@@ -326,6 +339,7 @@ json ToJson(const RankDiff& r) {
               {"unaligned_before", {{"reference", r.unaligned_before_ref}, {"suspect", r.unaligned_before_sus}}},
               {"unaligned_total", {{"reference", r.unaligned_total_ref}, {"suspect", r.unaligned_total_sus}}},
               {"skipped_nondeterministic", r.skipped_nondeterministic},
+              {"skipped_trusted", r.skipped_trusted},
               {"reordered", r.reordered},
               {"missing", missing},
               {"lanes", lanes},
@@ -354,6 +368,7 @@ json ToJson(const DiffReport& r) {
               {"incomplete_ranks", r.incomplete_ranks},
               {"missing_ranks", r.missing_ranks},
               {"skipped_nondeterministic", r.skipped_nondeterministic},
+              {"skipped_trusted", r.skipped_trusted},
               {"ranks", ranks},
               {"notes", r.notes}};
 }
@@ -454,6 +469,9 @@ std::string ToText(const DiffReport& r) {
   }
   if (r.skipped_nondeterministic > 0) {
     o << "skipped " << r.skipped_nondeterministic << " nondeterministic op(s) as evidence\n";
+  }
+  if (r.skipped_trusted > 0) {
+    o << "skipped " << r.skipped_trusted << " trusted op(s): recorded without fingerprints (OPGUARD_TRUSTED)\n";
   }
   for (const std::string& n : r.notes) o << "note: " << n << "\n";
   return o.str();

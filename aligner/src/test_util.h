@@ -1,7 +1,7 @@
 // Test helpers: traces written as token strings. A token's text before '#'
 // is its structure (key, name, site); the full token is its output
 // fingerprint; a trailing '!' marks a nondeterministic op, a trailing '+' a
-// replicated one; a token starting with '~' gets a different input digest;
+// replicated one, a trailing '^' a trusted one (recorded without fingerprints); a token starting with '~' gets a different input digest;
 // "A@2" is op A on an edited source line (same loose key as A); "A=q" is op A
 // applied to data "q" (its input digest follows op and data, not the site:
 // "A=q" and "A@2=q" computed on the same inputs; the data does not change the
@@ -22,6 +22,8 @@ inline uint64_t Id(const std::string& s) { return std::hash<std::string>{}(s) | 
 inline OpEvent Ev(const std::string& token_in, uint64_t op_index, uint64_t step = 0) {
   std::string token = token_in;
   OpEvent e;
+  bool trusted = !token.empty() && token.back() == '^';
+  if (trusted) token.pop_back();
   bool replicated = !token.empty() && token.back() == '+';
   if (replicated) token.pop_back();
   bool nd = !token.empty() && token.back() == '!';
@@ -49,7 +51,8 @@ inline OpEvent Ev(const std::string& token_in, uint64_t op_index, uint64_t step 
                       : other_input ? "in2:" + structure
                                     : "in:" + structure),
                    9};
-  e.flags = (nd ? OpEvent::kNondeterministic : 0) | (replicated ? OpEvent::kReplicated : 0);
+  e.flags = (nd ? OpEvent::kNondeterministic : 0) | (replicated ? OpEvent::kReplicated : 0) |
+            (trusted ? OpEvent::kTrusted : 0);
   return e;
 }
 

@@ -160,7 +160,7 @@ OpEventCore MakeOpEventCore(const OpDetail& d) {
   c.outputs = OutputDigest(d.outputs);
   c.inputs = InputDigest(d.inputs);
   c.flags = (d.nondeterministic ? OpEvent::kNondeterministic : 0) |
-            (d.replicated ? OpEvent::kReplicated : 0);
+            (d.replicated ? OpEvent::kReplicated : 0) | (d.trusted ? OpEvent::kTrusted : 0);
   return c;
 }
 

@@ -54,6 +54,7 @@ OpView MakeOpView(uint32_t rank, uint32_t lane, const OpEvent& e, const DetailSo
   v.site = ResolveSite(strings, e.site);
   v.output_digest = e.outputs;
   v.input_digest = e.inputs;
+  v.trusted = e.trusted();
   if (details == nullptr) return v;
   std::optional<OpDetail> d = details->Find(rank, lane, e.op_index);
   if (!d) return v;

@@ -3,6 +3,8 @@ gloo ranks on the CPU: 4 as the e2e tests train it, or --ranks) three ways,
 measured in one run and interleaved so that machine noise hits all three alike:
   plain      no OpGuard
   opguard    OPGUARD=1, recording into a real opguardd (--local, temp dir)
+  trusted    the same in trusted mode (OPGUARD_TRUSTED=default: GEMMs,
+             elementwise ops and views recorded without fingerprints)
   dispatch   a Python TorchDispatchMode hashing every op output (the approach
              of PyTorch's DebugMode), no OpGuard
   baseline   (with --baseline-stage DIR) OPGUARD=1 with the opguard package
@@ -95,6 +97,8 @@ def main():
         modes = {
             "plain": ({}, []),
             "opguard": ({"OPGUARD": "1", "OPGUARD_ENDPOINT": f"ipc://{tmp}/d/ingest.sock"}, []),
+            "trusted": ({"OPGUARD": "1", "OPGUARD_ENDPOINT": f"ipc://{tmp}/d/ingest.sock",
+                         "OPGUARD_TRUSTED": "default"}, []),
             "dispatch": ({}, ["--hash-every-output"]),
             **({"baseline": ({"OPGUARD": "1", "OPGUARD_ENDPOINT": f"ipc://{tmp}/d/ingest.sock"}, [])}
                if baseline_site else {}),
@@ -119,7 +123,7 @@ def main():
             for mode, (extra_env, extra_args) in modes.items():
                 times = os.path.join(tmp, f"{mode}-{round_}.json")
                 env = dict(base_env, **extra_env)
-                if mode in ("opguard", "in_process", "baseline"):
+                if mode in ("opguard", "trusted", "in_process", "baseline"):
                     env["OPGUARD_RUN"] = f"{mode}-{round_}"
                 python = site.python
                 if mode in ("baseline", "baseline_in_process"):
@@ -149,7 +153,7 @@ def main():
         if not any(r["name"] == "opguard-0" and r["ops"] > 0 for r in runs["runs"]):
             sys.exit("step_overhead: the OPGUARD=1 runs recorded nothing (is the opguard "
                      "package active in this Python?)")
-        separate = ("plain", "opguard", "dispatch", *(("baseline",) if baseline_site else ()))
+        separate = ("plain", "opguard", "trusted", "dispatch", *(("baseline",) if baseline_site else ()))
         medians = {mode: statistics.median(samples[mode]) for mode in separate}
         cpu_medians = {mode: statistics.median(cpu[mode]) for mode in separate}
         thread_medians = {mode: statistics.median(thread_cpu[mode]) for mode in separate}

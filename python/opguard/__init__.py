@@ -90,7 +90,7 @@ def enable(depth=None):
         if _helper_of_recorder():
             return False
         import torch  # noqa: F401  (the adapter needs torch's libraries loaded)
-        from . import _autograd, _collectives, _compiled, _data, _determinism
+        from . import _autograd, _collectives, _compiled, _data, _determinism, _trusted
         shim, adapter = _load()
         depth = depth or os.environ.get("OPGUARD_DEPTH", "top")
         if depth not in ("top", "all"):
@@ -99,6 +99,14 @@ def enable(depth=None):
         if shim.opguard_init() != 1:
             return False
         _determinism.apply(shim)
+        try:
+            trusted = _trusted.parse(os.environ.get("OPGUARD_TRUSTED"))
+        except ValueError as e:  # full mode records more and loses nothing
+            _warn(f"{e}; recording every op with fingerprints")
+            trusted = ()
+        adapter.opguard_torch_set_trusted(",".join(trusted).encode())
+        if trusted:
+            shim.opguard_set_run_info(5, b"OPGUARD_TRUSTED", os.environ["OPGUARD_TRUSTED"].encode())
         skip = _skip_prefixes()
         _collectives.install(shim, adapter)
         _data.install(adapter)

@@ -282,6 +282,7 @@ bool EncodeOp(EntryReader& r, Builder& b) {
   ob.add_nondeterministic((op.flags & OPGUARD_OP_NONDETERMINISTIC) != 0);
   ob.add_replicated((op.flags & OPGUARD_OP_REPLICATED) != 0);
   ob.add_forward_site(op.forward_site);
+  ob.add_trusted((op.flags & OPGUARD_OP_TRUSTED) != 0);
   b.ops.push_back(ob.Finish());
   return true;
 }

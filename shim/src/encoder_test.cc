@@ -72,7 +72,8 @@ TEST(ShimEncoder, GapsStringsAndSplitting) {
   for (uint64_t i = 0; i < 5; ++i) {
     OpFixed op{};
     op.op_index = i;
-    op.flags = OPGUARD_OP_BACKWARD | OPGUARD_OP_HAS_SEQ_NR | (i == 1 ? uint32_t{OPGUARD_OP_REPLICATED} : 0u);
+    op.flags = OPGUARD_OP_BACKWARD | OPGUARD_OP_HAS_SEQ_NR |
+               (i == 1 ? uint32_t{OPGUARD_OP_REPLICATED} : uint32_t{OPGUARD_OP_TRUSTED});
     op.seq_nr = 100 + static_cast<int64_t>(i);
     Stage(buf, EntryKind::kOp, op);
   }
@@ -98,6 +99,8 @@ TEST(ShimEncoder, GapsStringsAndSplitting) {
   EXPECT_EQ(b->ops()->Get(1)->seq_nr(), 101);
   EXPECT_FALSE(b->ops()->Get(0)->replicated());
   EXPECT_TRUE(b->ops()->Get(1)->replicated());
+  EXPECT_TRUE(b->ops()->Get(0)->trusted());
+  EXPECT_FALSE(b->ops()->Get(1)->trusted());
   EXPECT_EQ(batches[0].records, 2u);
   const w::Batch* c = Open(batches[2]);
   ASSERT_NE(c, nullptr);

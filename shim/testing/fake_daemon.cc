@@ -178,6 +178,7 @@ void FakeDaemon::Handle(const zmq::message_t& id, const zmq::message_t& msg, std
             r.seq_nr = op->seq_nr();
             r.backward = op->backward();
             r.replicated = op->replicated();
+            r.trusted = op->trusted();
             r.inputs = op->inputs() != nullptr ? op->inputs()->size() : 0;
             r.outputs = op->outputs() != nullptr ? op->outputs()->size() : 0;
             if (r.outputs != 0 && op->outputs()->Get(0)->fingerprint() != nullptr) {

@@ -36,6 +36,7 @@ struct ReceivedOp {
   int64_t seq_nr = -1;
   bool backward = false;
   bool replicated = false;
+  bool trusted = false;
   uint32_t inputs = 0;
   uint32_t outputs = 0;
   uint64_t out_lo = 0;  // first output's fingerprint, low half

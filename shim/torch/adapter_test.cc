@@ -61,12 +61,13 @@ class AdapterTest : public ::testing::Test {
   }
 
   // Runs testdata/`script` under OPGUARD=1 against a fresh fake daemon
-  // (`ingest_`, left running): it must exit 0 with every batch valid.
-  ::testing::AssertionResult Record(const std::string& script) {
+  // (`ingest_`, left running), with `env` ("NAME=value ...") added to its
+  // environment: it must exit 0 with every batch valid.
+  ::testing::AssertionResult Record(const std::string& script, const std::string& env = "") {
     const std::string endpoint = "ipc://" + dir_ + "/ingest.sock";
     ingest_ = std::make_unique<FakeDaemon>(endpoint);
     if (!ingest_->Start()) return ::testing::AssertionFailure() << "the fake daemon did not start";
-    const int status = RunPython(std::string(OPGUARD_ADAPTER_TESTDATA) + "/" + script, endpoint);
+    const int status = RunPython(std::string(OPGUARD_ADAPTER_TESTDATA) + "/" + script, endpoint, env);
     if (status != 0) return ::testing::AssertionFailure() << script << ": status " << status << "\n" << log_;
     const uint64_t invalid = ingest_->Snapshot().invalid;
     if (invalid != 0) return ::testing::AssertionFailure() << invalid << " invalid batches";
@@ -75,12 +76,12 @@ class AdapterTest : public ::testing::Test {
 
   // Runs `script` with OPGUARD=1 as rank 0 of 1 against `ingest`; returns
   // its exit status (stderr is kept in `log_`).
-  int RunPython(const std::string& script, const std::string& endpoint) {
+  int RunPython(const std::string& script, const std::string& endpoint, const std::string& env) {
     const std::string err = dir_ + "/stderr.txt";
     std::ostringstream cmd;
     cmd << "env -u OPGUARD_DEPTH -u OPGUARD_NESTED_OPS OPGUARD=1 OPGUARD_RUN=adapter-test"
         << " OPGUARD_ENDPOINT=" << endpoint << " RANK=0 WORLD_SIZE=1 OMP_NUM_THREADS=1"
-        << " OPGUARD_FLUSH_TIMEOUT_MS=20000 PYTHONDONTWRITEBYTECODE=1"
+        << " OPGUARD_FLUSH_TIMEOUT_MS=20000 PYTHONDONTWRITEBYTECODE=1 " << env
         << " PYTHONPATH=" << FromEnvironment("OPGUARD_PYTHON_STAGE", OPGUARD_PYTHON_STAGE) << " "
         << FromEnvironment("OPGUARD_TEST_PYTHON", OPGUARD_TEST_PYTHON) << " " << script
         << " > /dev/null 2> " << err;
@@ -342,6 +343,43 @@ TEST_F(AdapterTest, PausedRegionsAreNotRecorded) {
   // The two collectives called outside the region, Entered and Completed
   // each; none of the two called inside it.
   EXPECT_EQ(received.collectives.size(), 4u);
+}
+
+// Trusted mode: the ops OPGUARD_TRUSTED names are recorded with dtypes and
+// shapes but no fingerprint (zero, no statistics) and flagged trusted; an op
+// reading a trusted op's output hashes it; inside opguard.replicated() even a
+// trusted op is fingerprinted. A malformed list warns once and leaves every op
+// fingerprinted.
+TEST_F(AdapterTest, TrustedOpsAreRecordedWithoutFingerprints) {
+  for (const bool malformed : {false, true}) {
+    SCOPED_TRACE(malformed ? "malformed list" : "aten::mm, aten::sin");
+    ASSERT_TRUE(Record("trusted_ops.py", malformed ? "TRUSTED_MALFORMED=1" : ""));
+    std::map<std::string, std::vector<ReceivedOp>> by_name;
+    for (const auto& [op, name] : Lane0Ops(*ingest_)) by_name[name].push_back(op);
+    ASSERT_EQ(by_name["aten::mm"].size(), 1u) << log_;
+    ASSERT_EQ(by_name["aten::cos"].size(), 1u);
+    ASSERT_EQ(by_name["aten::sin"].size(), 2u);
+    const ReceivedOp& mm = by_name["aten::mm"][0];
+    const ReceivedOp& cos = by_name["aten::cos"][0];
+    const ReceivedOp& sin = by_name["aten::sin"][0];
+    const ReceivedOp& replicated_sin = by_name["aten::sin"][1];
+    EXPECT_EQ(mm.outputs, 1u);
+    EXPECT_EQ(mm.inputs, 2u);
+    EXPECT_EQ(mm.trusted, !malformed);
+    EXPECT_EQ(sin.trusted, !malformed);
+    EXPECT_EQ(mm.out_lo == 0 && mm.out_hi == 0 && mm.in_lo == 0, !malformed);
+    EXPECT_EQ(mm.out_has_stats, malformed);
+    EXPECT_EQ(sin.out_lo == 0 && sin.out_hi == 0, !malformed);
+    EXPECT_FALSE(cos.trusted);
+    EXPECT_NE(cos.in_lo, 0u) << "the trusted op's output was not hashed where it was read";
+    EXPECT_NE(cos.out_lo, 0u);
+    EXPECT_TRUE(cos.out_has_stats);
+    EXPECT_TRUE(replicated_sin.replicated);
+    EXPECT_FALSE(replicated_sin.trusted);
+    EXPECT_NE(replicated_sin.out_lo, 0u);
+    const bool warned = log_.find("OPGUARD_TRUSTED: 'mm' is not an op name") != std::string::npos;
+    EXPECT_EQ(warned, malformed) << log_;
+  }
 }
 
 }  // namespace

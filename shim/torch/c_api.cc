@@ -22,6 +22,7 @@
 #include "python_frames.h"
 #include "steps.h"
 #include "thread_state.h"
+#include "trusted_ops.h"
 
 using namespace opguard::torch_adapter;
 
@@ -85,6 +86,22 @@ int opguard_torch_enable(int all_depths, const char* skip_prefixes) {
   } catch (const std::exception& e) {
     DisableOnce(e.what());
     return 0;
+  }
+}
+
+int opguard_torch_set_trusted(const char* names) {
+  try {
+    std::vector<std::string> list;
+    std::stringstream stream(names ? names : "");
+    for (std::string item; std::getline(stream, item, ',');) {
+      if (!item.empty()) list.push_back(item);
+    }
+    const int count = static_cast<int>(list.size());
+    SetTrustedOps(std::move(list));
+    return count;
+  } catch (const std::exception& e) {
+    DisableOnce(e.what());
+    return -1;
   }
 }
 

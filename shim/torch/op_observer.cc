@@ -22,6 +22,7 @@
 #include "steps.h"
 #include "tensor_fingerprint.h"
 #include "torch_compat.h"
+#include "trusted_ops.h"
 
 namespace opguard::torch_adapter {
 namespace {
@@ -104,6 +105,14 @@ void OpContext::operator delete(void* p, size_t size) {
 
 namespace {
 
+// A tensor of the op's record: fingerprinted, or only described when the op
+// is trusted (trusted_ops.h).
+bool RecordTensor(const at::Tensor& t, OpContext& ctx, ThreadState& ts, opguard_tensor* out,
+                  Shapes::At* shape, bool cached, bool may_defer = false) {
+  if (ctx.trusted) return DescribeTensor(t, ctx.shapes, out, shape);
+  return FingerprintTensor(t, ts, ctx.shapes, out, shape, cached, may_defer);
+}
+
 // Inputs of replicated ops are hashed from their bytes, never taken from the
 // cache: what replicas compare must show memory that changed behind torch's
 // back (a bit flipped in one replica's reduced gradient between the
@@ -125,7 +134,7 @@ void CollectInputs(const Values& inputs, OpContext& ctx, ThreadState& ts) {
           SeenParameter(t);
         }
         Shapes::At shape;
-        if (!FingerprintTensor(t, ts, ctx.shapes, &value.tensor, &shape, !ctx.replicated)) {
+        if (!RecordTensor(t, ctx, ts, &value.tensor, &shape, !ctx.replicated)) {
           ctx.unfingerprintable = true;
         }
         value.kind = OPGUARD_VALUE_TENSOR;
@@ -139,7 +148,7 @@ void CollectInputs(const Values& inputs, OpContext& ctx, ThreadState& ts) {
         const at::Tensor t = list.get(i);
         opguard_tensor tensor;
         Shapes::At shape;
-        if (!FingerprintTensor(t, ts, ctx.shapes, &tensor, &shape, !ctx.replicated)) {
+        if (!RecordTensor(t, ctx, ts, &tensor, &shape, !ctx.replicated)) {
           ctx.unfingerprintable = true;
         }
         ctx.list_tensors.Add(tensor, shape);
@@ -176,7 +185,7 @@ void TrackUninitialised(bool allocates, const at::Tensor& t, OpContext& ctx, Thr
 bool CollectOutput(const at::Tensor& t, OpContext& ctx, ThreadState& ts) {
   opguard_tensor out;
   Shapes::At shape;
-  if (!FingerprintTensor(t, ts, ctx.shapes, &out, &shape, /*cached=*/true, /*may_defer=*/true)) {
+  if (!RecordTensor(t, ctx, ts, &out, &shape, /*cached=*/true, /*may_defer=*/true)) {
     return false;
   }
   ctx.outputs.Add(out, shape);
@@ -459,6 +468,7 @@ void RecordOp(OpContext& ctx, uint32_t lane) {
   op.flags = ctx.backward ? OPGUARD_OP_BACKWARD : 0;
   if (ctx.uninitialised_output) op.flags |= OPGUARD_OP_NONDETERMINISTIC;
   if (ctx.replicated) op.flags |= OPGUARD_OP_REPLICATED;
+  if (ctx.trusted) op.flags |= OPGUARD_OP_TRUSTED;
   if (ctx.seq_nr >= 0) {
     op.seq_nr = ctx.seq_nr;
     op.flags |= OPGUARD_OP_HAS_SEQ_NR;
@@ -531,6 +541,7 @@ std::unique_ptr<at::ObserverContext> OnFunctionStart(const at::RecordFunction& f
   ctx->start_ns = NowNs();
   ctx->backward = in_backward;
   ctx->replicated = ts.optimizer_steps > 0 || ts.replicated_regions > 0;
+  ctx->trusted = !ctx->replicated && IsTrustedOp(fn.name(), ts);
   if (in_backward) {
     NameBackwardOp(fn.name(), *ctx, ts);
   } else {

@@ -75,6 +75,7 @@ class OpContext final : public at::ObserverContext {
   bool learn_nesting = false;  // RecordFunction left on: see whether nested ops run
   uint64_t nested_calls_at_start = 0;
   bool replicated = false;  // in Optimizer.step or opguard.replicated() at start
+  bool trusted = false;  // trusted mode: tensors described, not fingerprinted
   bool transparent = false;  // not an op, nor counted in depth (a subclass's op)
   std::shared_ptr<NativeCollective> native;  // set for c10d ops: see NativeCollectiveStart
   uint64_t name = 0;

@@ -211,6 +211,17 @@ bool GatherLogical(const void* data, size_t element_size, at::IntArrayRef sizes,
 
 }  // namespace
 
+bool DescribeTensor(const at::Tensor& t, Shapes& shapes, opguard_tensor* out, Shapes::At* shape) {
+  std::memset(out, 0, sizeof(*out));
+  if (!t.defined() || HoldsNoData(t)) return false;
+  out->dtype = ToOpGuardDType(t.scalar_type());
+  if (out->dtype == OPGUARD_DTYPE_UNKNOWN) return false;
+  *shape = shapes.Add(t.sizes());
+  out->ndim = static_cast<uint32_t>(t.dim());
+  out->device = t.is_cuda() ? static_cast<int16_t>(t.get_device()) : int16_t{-1};
+  return true;
+}
+
 bool FingerprintTensor(const at::Tensor& t, ThreadState& ts, Shapes& shapes, opguard_tensor* out,
                        Shapes::At* shape, bool cached, bool may_defer) {
   std::memset(out, 0, sizeof(*out));

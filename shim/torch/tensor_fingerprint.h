@@ -33,6 +33,12 @@ inline bool HoldsNoData(const at::Tensor& t) {
 bool FingerprintTensor(const at::Tensor& t, ThreadState& ts, Shapes& shapes, opguard_tensor* out,
                        Shapes::At* shape, bool cached = true, bool may_defer = false);
 
+// Trusted mode: fills `out` with the tensor's dtype, shape and device only
+// (fingerprint zero, no statistics; the op's record says so), storing its
+// shape as FingerprintTensor does. False for tensors whose dtype OpGuard
+// cannot name or that hold no data.
+bool DescribeTensor(const at::Tensor& t, Shapes& shapes, opguard_tensor* out, Shapes::At* shape);
+
 // Fingerprints `tensors` from their bytes into ctx.outputs; false if one has
 // no host bytes. Never from the cache: an Entered record must show memory
 // changed behind torch's back (a bit flipped in a gradient before its

@@ -61,6 +61,10 @@ struct ThreadState {
   // Whether ops run other ops inside themselves, by the address of their
   // name: 1 seen without nested ops, 2 seen with (see OnFunctionStart).
   std::unordered_map<const char*, uint8_t> nests;
+  // Trusted mode (trusted_ops.cc): whether an op is on the allow-list, by the
+  // address of its name, for the list of that generation.
+  std::unordered_map<const char*, bool> trusted_names;
+  uint32_t trusted_generation = 0;
 
   // ---- lanes (thread_state.cc)
   int64_t lane = -1;

@@ -284,6 +284,69 @@ class Faults(harness.DaemonTestCase):
             self.assertEqual(member["site"]["line"], line)
 
 
+class TrustedMode(harness.DaemonTestCase):
+    """OPGUARD_TRUSTED=default: GEMMs, elementwise ops and views recorded
+    without fingerprints (in both runs), everything else as in full mode."""
+    TRUSTED = {"OPGUARD_TRUSTED": "default"}
+    diff = Faults.diff
+    replicas = Faults.replicas
+    assert_replica_pivot = Faults.assert_replica_pivot
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        harness.train(cls.site, cls.daemon, "ref", ranks=RANKS, steps=STEPS, extra_env=cls.TRUSTED)
+
+    def test_clean_rerun_is_identical_and_trusted_ops_carry_no_fingerprints(self):
+        harness.train(self.site, self.daemon, "ref-again", ranks=RANKS, steps=STEPS,
+                      extra_env=self.TRUSTED)
+        report = self.diff("ref-again")
+        self.assertEqual(report["status"], "identical", json.dumps(report)[:2000])
+        self.assertGreater(report["skipped_trusted"], 0)
+        ops = self.daemon.trace("ref", 0)
+        by_trust = {True: set(), False: set()}
+        for op in ops:
+            by_trust[op["trusted"]].add(op["name"])
+            if op["trusted"]:
+                self.assertFalse(any(int(t["fingerprint"], 16) for t in op["outputs"]), op)
+        self.assertIn("aten::linear", by_trust[True])
+        self.assertIn("aten::layer_norm", by_trust[False])
+        # The optimizer's updates are fingerprinted even though aten::add_ is
+        # trusted: replicas are compared on them.
+        updates = [op for op in ops if op["name"] == "aten::add_" and op["site"]
+                   and op["site"]["line"] == harness.line_of(TRAIN, "opt.step()")]
+        self.assertTrue(updates)
+        self.assertFalse(any(op["trusted"] for op in updates))
+
+    def test_changed_computation_names_the_trusted_op_that_made_the_input(self):
+        harness.train(self.site, self.daemon, "reorder", ranks=RANKS, steps=STEPS,
+                      fault="reorder:2", extra_env=self.TRUSTED)
+        report = self.diff("reorder")
+        # Both sides of the reordered line (mul, matmul) are trusted: the
+        # difference shows at the first fingerprinted op that reads the
+        # scores, and the report names the trusted op that made them.
+        first = Faults.assert_pivot(self, report, rank=2, step=0, op="aten::masked_fill",
+                                    line=harness.line_of(TRAIN, "scores = scores.masked_fill"))
+        self.assertFalse(first["inputs_equal"])
+        self.assertIsNone(first["producer"])
+        self.assertGreater(first["trusted_before"], 0)
+        candidate = first["trusted_candidate"]
+        self.assertIsNotNone(candidate, json.dumps(first)[:3000])
+        self.assertTrue(candidate["trusted"])
+        self.assertIn(candidate["op"], ("aten::mul", "aten::matmul"))
+        self.assertEqual(candidate["site"]["line"], harness.line_of(TRAIN, "scores = torch.matmul(q, k"))
+        text = self.daemon.cli("diff", "ref", "reorder", check=False).stdout
+        self.assertIn(f"probably by trusted op #{candidate['op_index']} {candidate['op']}", text)
+
+    def test_corrupted_reduced_gradient_on_one_replica(self):
+        harness.train(self.site, self.daemon, "sdc", ranks=RANKS, steps=STEPS, fault="sdc:2:1",
+                      extra_env=self.TRUSTED)
+        report, group = self.replicas("sdc")
+        self.assertEqual(group["status"], "diverged", json.dumps(group)[:3000])
+        self.assertEqual(report["odd_ranks"], [2])
+        self.assert_replica_pivot(group, rank=2, step=1)
+
+
 class Collectives(harness.DaemonTestCase):
     def run_job(self, script, run):
         """Runs a two-rank job (tests/e2e/SCRIPT) under OPGUARD=1 as run `run`;

@@ -118,7 +118,7 @@ Offset<wire::OpView> OpViewToWire(FlatBufferBuilder& b, const aligner::OpView& v
   wire::Fp128 od = Fp(v.output_digest), id = Fp(v.input_digest);
   return wire::CreateOpView(b, v.rank, v.lane, v.op_index, v.step, op, site, v.seq_nr, v.backward,
                             v.start_ns, v.detail_available, outputs, inputs_vec, kernels, &od, &id,
-                            forward_site);
+                            forward_site, v.trusted);
 }
 
 aligner::OpView OpViewFromWire(const wire::OpView* w) {
@@ -135,6 +135,7 @@ aligner::OpView OpViewFromWire(const wire::OpView* w) {
   v.backward = w->backward();
   v.start_ns = w->start_ns();
   v.detail_available = w->detail_available();
+  v.trusted = w->trusted();
   v.outputs = TensorsFromWire(w->outputs());
   if (w->inputs()) {
     for (const auto* in : *w->inputs()) {
@@ -161,8 +162,9 @@ Offset<wire::FirstDivergence> FirstToWire(FlatBufferBuilder& b,
   auto differing = b.CreateVector(f->differing_outputs);
   auto producer = f->producer ? OpViewToWire(b, *f->producer) : Offset<wire::OpView>();
   auto producer_run = b.CreateString(f->producer_run);
+  auto candidate = f->trusted_candidate ? OpViewToWire(b, *f->trusted_candidate) : Offset<wire::OpView>();
   return wire::CreateFirstDivergence(b, f->rank, f->lane, f->step, op, ref, sus, f->inputs_equal,
-                                     differing, producer, producer_run);
+                                     differing, producer, producer_run, f->trusted_before, candidate);
 }
 
 std::optional<aligner::FirstDivergence> FirstFromWire(const wire::FirstDivergence* w) {
@@ -178,6 +180,8 @@ std::optional<aligner::FirstDivergence> FirstFromWire(const wire::FirstDivergenc
   f.differing_outputs = Vec(w->differing_outputs());
   if (w->producer() != nullptr) f.producer = OpViewFromWire(w->producer());
   f.producer_run = Str(w->producer_run());
+  f.trusted_before = w->trusted_before();
+  if (w->trusted_candidate() != nullptr) f.trusted_candidate = OpViewFromWire(w->trusted_candidate());
   return f;
 }
 
@@ -246,7 +250,7 @@ Offset<wire::RankDiff> RankDiffToWire(FlatBufferBuilder& b, const aligner::RankD
   return wire::CreateRankDiff(
       b, d.rank, StatusToWire(d.status), first, observed, d.aligned, d.aligned_total,
       d.unaligned_before_ref, d.unaligned_before_sus, d.unaligned_total_ref, d.unaligned_total_sus,
-      d.skipped_nondeterministic, d.reordered, missing_vec, lanes_vec, notes, summary);
+      d.skipped_nondeterministic, d.reordered, missing_vec, lanes_vec, notes, summary, d.skipped_trusted);
 }
 
 aligner::RankDiff RankDiffFromWire(const wire::RankDiff& w) {
@@ -262,6 +266,7 @@ aligner::RankDiff RankDiffFromWire(const wire::RankDiff& w) {
   d.unaligned_total_ref = w.unaligned_total_ref();
   d.unaligned_total_sus = w.unaligned_total_sus();
   d.skipped_nondeterministic = w.skipped_nondeterministic();
+  d.skipped_trusted = w.skipped_trusted();
   d.reordered = w.reordered();
   if (w.missing()) {
     for (const auto* m : *w.missing()) {
@@ -657,6 +662,7 @@ void OpDetailFromRecord(const wire::OpRecord& r, aligner::OpDetail* d) {
   d->duration_ns = r.duration_ns();
   d->nondeterministic = r.nondeterministic();
   d->replicated = r.replicated();
+  d->trusted = r.trusted();
 }
 
 }  // namespace opguard::daemon

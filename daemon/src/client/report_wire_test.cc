@@ -171,6 +171,27 @@ TEST(RankDiffWire, PivotSitesTravel) {
   EXPECT_EQ(back.first_divergence->producer->op_index, 41u);
   EXPECT_EQ(back.first_divergence->producer->op, "aten::mul");
   EXPECT_EQ(back.first_divergence->producer->site.line, 80u);
+  EXPECT_FALSE(back.first_divergence->trusted_candidate);
+  EXPECT_EQ(back.skipped_trusted, 0u);
+
+  // Trusted mode: the candidate trusted op and the counts travel too.
+  aligner::OpView mm;
+  mm.op_index = 39;
+  mm.op = "aten::mm";
+  mm.trusted = true;
+  d.first_divergence->trusted_candidate = mm;
+  d.first_divergence->trusted_before = 17;
+  d.skipped_trusted = 23;
+  b.Clear();
+  b.Finish(RankDiffToWire(b, d));
+  back = RankDiffFromWire(*flatbuffers::GetRoot<wire::RankDiff>(b.GetBufferPointer()));
+  ASSERT_TRUE(back.first_divergence && back.first_divergence->trusted_candidate);
+  EXPECT_EQ(back.first_divergence->trusted_candidate->op_index, 39u);
+  EXPECT_EQ(back.first_divergence->trusted_candidate->op, "aten::mm");
+  EXPECT_TRUE(back.first_divergence->trusted_candidate->trusted);
+  EXPECT_FALSE(back.first_divergence->suspect.trusted);
+  EXPECT_EQ(back.first_divergence->trusted_before, 17u);
+  EXPECT_EQ(back.skipped_trusted, 23u);
 }
 
 }  // namespace

@@ -38,7 +38,8 @@ void BuildRows(const aligner::Alignment& a, AlignmentView* v) {
     const auto& r = v->ref.ops[p.ref];
     const auto& s = v->sus.ops[p.sus];
     uint32_t flags = p.flags;
-    if (!(r.outputs == s.outputs)) {
+    // Trusted ops (recorded without fingerprints) are never compared.
+    if (!(r.outputs == s.outputs) && !r.trusted() && !s.trusted()) {
       flags |= AlignmentView::kDiffers;
       if (v->first_differing_row < 0 && !r.nondeterministic() && !s.nondeterministic()) {
         v->first_differing_row = static_cast<int64_t>(v->rows.size());
@@ -66,7 +67,8 @@ nlohmann::json OpJson(const aligner::OpEvent& e, const StoreStrings& strings) {
           {"step", e.step},
           {"name", text(e.name)},
           {"site", site},
-          {"nondeterministic", e.nondeterministic()}};
+          {"nondeterministic", e.nondeterministic()},
+          {"trusted", e.trusted()}};
 }
 
 }  // namespace

@@ -544,6 +544,7 @@ nlohmann::json QueryService::TraceJson(const std::string& run, uint32_t rank, ui
                    {"seq_nr", op->seq_nr()},
                    {"backward", op->backward()},
                    {"nondeterministic", op->nondeterministic()},
+                   {"trusted", op->trusted()},
                    {"inputs", inputs},
                    {"outputs", TensorsJson(op->outputs())},
                    {"kernels", kernels},

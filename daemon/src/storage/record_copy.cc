@@ -99,6 +99,7 @@ Offset<wire::OpRecord> CopyOpRecord(FlatBufferBuilder& b, const wire::OpRecord* 
   ob.add_nondeterministic(op->nondeterministic());
   ob.add_replicated(op->replicated());
   ob.add_forward_site(op->forward_site());
+  ob.add_trusted(op->trusted());
   return ob.Finish();
 }
 
@@ -162,11 +163,11 @@ namespace {
 constexpr uint8_t kTensorStatsFields[] = {8, 8, 8, 8, 8, 8};
 constexpr uint8_t kTensorSigFields[] = {16, 1, 4, 4, 2};
 constexpr uint8_t kValueFields[] = {1, 4, 8, 1, 4};
-constexpr uint8_t kOpRecordFields[] = {4, 8, 8, 8, 8, 8, 1, 4, 4, 4, 8, 8, 1, 1, 8};
+constexpr uint8_t kOpRecordFields[] = {4, 8, 8, 8, 8, 8, 1, 4, 4, 4, 8, 8, 1, 1, 8, 1};
 static_assert(wire::TensorStats::VT_L2 == 4 + 2 * (sizeof(kTensorStatsFields) - 1));
 static_assert(wire::TensorSig::VT_DEVICE == 4 + 2 * (sizeof(kTensorSigFields) - 1));
 static_assert(wire::Value::VT_TENSORS == 4 + 2 * (sizeof(kValueFields) - 1));
-static_assert(wire::OpRecord::VT_FORWARD_SITE == 4 + 2 * (sizeof(kOpRecordFields) - 1));
+static_assert(wire::OpRecord::VT_TRUSTED == 4 + 2 * (sizeof(kOpRecordFields) - 1));
 
 // The parts of one record inside a verified buffer: every table (its vtable
 // offset and each field it sets, not the padding around them), vtable and

@@ -261,6 +261,7 @@ void ExpectSameOp(const wire::OpRecord* a, const wire::OpRecord* b) {
   EXPECT_EQ(a->nondeterministic(), b->nondeterministic());
   EXPECT_EQ(a->replicated(), b->replicated());
   EXPECT_EQ(a->forward_site(), b->forward_site());
+  EXPECT_EQ(a->trusted(), b->trusted());
   ExpectSameScalars(a->kernels(), b->kernels());
   ASSERT_EQ(a->inputs() == nullptr, b->inputs() == nullptr);
   if (a->inputs()) {
@@ -281,7 +282,8 @@ void ExpectSameOp(const wire::OpRecord* a, const wire::OpRecord* b) {
 // A batch of `n` ops built the way a FlatBufferBuilder builds any batch:
 // vtables deduplicated across records (the shim's encoder does the same), so
 // most records refer to vtables stored with an earlier record. Every field
-// set, `replicated` and `forward_site` on every other op.
+// set, `replicated` and `forward_site` on every other op, `trusted` on every
+// third.
 std::string BatchWithEveryField(uint32_t n) {
   flatbuffers::FlatBufferBuilder b;
   std::vector<flatbuffers::Offset<wire::OpRecord>> ops;
@@ -304,7 +306,7 @@ std::string BatchWithEveryField(uint32_t n) {
         b, i % 3, 77 + i, 3, 11, 12, 99 + i, i % 2 == 0, b.CreateVector(inputs),
         b.CreateVector(std::vector<flatbuffers::Offset<wire::TensorSig>>{out, out}),
         i % 4 == 3 ? 0 : b.CreateVector(kernels, 2), 1000 + i, 20, i % 5 == 0, i % 2 == 1,
-        i % 2 == 1 ? 0x5151 + i : 0));
+        i % 2 == 1 ? 0x5151 + i : 0, i % 3 == 2));
   }
   auto run = b.CreateString("r");
   auto batch = wire::CreateBatch(b, run, 1, 2, 3, 0, 0, 0, 0, b.CreateVector(ops));
@@ -398,13 +400,12 @@ TEST(RecordBytes, InterleavedRecordsAreRebuilt) {
 }
 
 TEST(RecordBytes, UnknownFieldsAreRebuilt) {
-  // An OpRecord with a field appended after `forward_site` (a newer shim):
-  // its value could be an offset the walk does not know, so it is refused.
+  // An OpRecord with a field appended after `trusted` (a newer shim): its
+  // value could be an offset the walk does not know, so it is refused.
   flatbuffers::FlatBufferBuilder b;
   auto start = b.StartTable();
   b.AddElement<uint64_t>(wire::OpRecord::VT_OP_INDEX, 5, 0);
-  b.AddElement<uint32_t>(static_cast<flatbuffers::voffset_t>(wire::OpRecord::VT_FORWARD_SITE + 2), 7,
-                         0);
+  b.AddElement<uint32_t>(static_cast<flatbuffers::voffset_t>(wire::OpRecord::VT_TRUSTED + 2), 7, 0);
   flatbuffers::Offset<wire::OpRecord> op(b.EndTable(start));
   wire::FinishEnvelope(
       b, wire::CreateBatch(b, b.CreateString("r"), 0, 0, 0, 0, 0, 0, 0,

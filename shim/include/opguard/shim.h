@@ -57,8 +57,9 @@ extern "C" {
  *    the fp_* counters.
  * 4: kernel attribution (opguard_kernels_*, opguard_op.kernels_key, the
  *    kernel_* counters).
- * 5: opguard_fingerprint_host_parallel. */
-#define OPGUARD_SHIM_API_VERSION 5
+ * 5: opguard_fingerprint_host_parallel.
+ * 6: OPGUARD_OP_TRUSTED. */
+#define OPGUARD_SHIM_API_VERSION 6
 
 /* ---- return codes ------------------------------------------------------ */
 #define OPGUARD_OK 0
@@ -176,8 +177,11 @@ enum {
   OPGUARD_OP_NONDETERMINISTIC = 1u << 1, /* preflight verdict */
   OPGUARD_OP_HAS_SEQ_NR = 1u << 2,       /* seq_nr is valid */
   OPGUARD_OP_EXPLICIT_STEP = 1u << 3,   /* use `step` instead of the current step */
-  OPGUARD_OP_REPLICATED = 1u << 4        /* data-parallel replicas must agree on
+  OPGUARD_OP_REPLICATED = 1u << 4,       /* data-parallel replicas must agree on
                                           * its bits (e.g. the optimizer's step) */
+  OPGUARD_OP_TRUSTED = 1u << 5           /* API 6, trusted mode: recorded without
+                                          * fingerprints (its tensors' fp_* and
+                                          * stats are not read); never compared */
 };
 
 typedef struct opguard_op {

@@ -52,6 +52,7 @@ struct OpView {
   bool backward = false;
   uint64_t start_ns = 0;
   bool detail_available = false;  // false: only the compact event was found
+  bool trusted = false;        // recorded without fingerprints (trusted mode)
   std::vector<TensorView> outputs;
   std::vector<InputView> inputs;
   std::vector<std::string> kernels;
@@ -74,6 +75,13 @@ struct FirstDivergence {
   // is where the difference entered: an op one run has and the other lacks.
   std::optional<OpView> producer;
   std::string producer_run;    // "suspect" | "reference"; empty without a producer
+  // Trusted mode: paired trusted ops (recorded without fingerprints, so never
+  // compared) walked on this lane before the pivot. When inputs differ and no
+  // unpaired producer explains them, the difference may have entered in one
+  // of those: the latest one (suspect run) with an output of the dtype and
+  // shape of a differing input is named as the candidate.
+  uint64_t trusted_before = 0;
+  std::optional<OpView> trusted_candidate;
 };
 
 struct MissingRange {
@@ -135,6 +143,7 @@ struct RankDiff {
   uint64_t unaligned_total_ref = 0;
   uint64_t unaligned_total_sus = 0;
   uint64_t skipped_nondeterministic = 0;  // paired nondeterministic ops walked past
+  uint64_t skipped_trusted = 0;  // paired trusted ops walked past (not compared)
   uint64_t reordered = 0;
   std::vector<MissingRange> missing;
   std::vector<LaneDiff> lanes;
@@ -163,6 +172,7 @@ struct DiffReport {
   std::vector<uint32_t> incomplete_ranks;
   std::vector<uint32_t> missing_ranks;       // expected but no answer (status partial)
   uint64_t skipped_nondeterministic = 0;     // over all ranks
+  uint64_t skipped_trusted = 0;              // over all ranks
   std::vector<RankDiff> ranks;               // ascending rank
   std::vector<std::string> notes;
 };

@@ -91,12 +91,14 @@ struct OpDetail {
   uint64_t duration_ns = 0;
   bool nondeterministic = false;
   bool replicated = false;  // data-parallel replicas must agree on it
+  bool trusted = false;     // trusted mode: recorded without fingerprints, never compared
 };
 
 // Compact op event: everything the alignment and the pivot walk look at.
 struct OpEvent {
   static constexpr uint32_t kNondeterministic = 1u << 0;
   static constexpr uint32_t kReplicated = 1u << 1;
+  static constexpr uint32_t kTrusted = 1u << 2;
 
   uint64_t op_index = 0;
   uint64_t step = 0;
@@ -114,6 +116,7 @@ struct OpEvent {
 
   bool nondeterministic() const { return (flags & kNondeterministic) != 0; }
   bool replicated() const { return (flags & kReplicated) != 0; }
+  bool trusted() const { return (flags & kTrusted) != 0; }
 };
 
 // The compact event of a full record. The daemon calls this (or fills OpEvent

@@ -29,6 +29,13 @@ extern "C" {
  * becomes lane 0. Returns 1 if recording. */
 OPGUARD_TORCH_API int opguard_torch_enable(int all_depths, const char* skip_prefixes);
 
+/* Trusted mode (OPGUARD_TRUSTED): the ops named in `names` (comma-separated,
+ * "aten::mm,aten::add") are recorded from then on without fingerprints (their
+ * records carry OPGUARD_OP_TRUSTED), except in the optimizer's step and
+ * replicated regions. "" or NULL: every op fingerprinted. Returns the number
+ * of names, -1 on failure. */
+OPGUARD_TORCH_API int opguard_torch_set_trusted(const char* names);
+
 /* Stops recording (the callbacks stay registered but return at once). */
 OPGUARD_TORCH_API void opguard_torch_disable(void);
 
