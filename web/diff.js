@@ -8,6 +8,10 @@ import { VirtualList } from './virtual.js';
 import { showDetails } from './details.js';
 
 const MAX_STEP_COLUMNS = 120;
+// How a row's two ops relate: aligned with equal outputs, aligned with
+// differing ones, aligned but never compared (a trusted op, recorded without
+// fingerprints), or unaligned.
+const LINK_MARKS = { equal: '═', differs: '≠', trusted: '○', unaligned: '·' };
 
 function opCell(op, cls) {
   if (!op) return el('span', { class: `op ${cls} missing` }, 'no partner');
@@ -108,7 +112,7 @@ export async function diffView(main, params, alive) {
       total: first.rows_total, height: 420, className: 'alignment',
       fetchPage: async (from, count) => (await api('alignment', { ...base, from, count })).rows,
       renderRow: (row, i) => el('div', { class: `arow ${row.link}${i === pivotRow ? ' pivot' : ''}`, 'data-row': i, title: row.flags.join(' ') },
-        opCell(row.reference, 'ref'), el('span', { class: 'link' }, row.link === 'equal' ? '═' : row.link === 'differs' ? '≠' : '·'), opCell(row.suspect, 'sus')),
+        opCell(row.reference, 'ref'), el('span', { class: 'link' }, LINK_MARKS[row.link] ?? '·'), opCell(row.suspect, 'sus')),
     });
     const open = async (i) => {
       const rows = await list.page(Math.floor(i / 200));

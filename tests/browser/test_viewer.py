@@ -160,6 +160,29 @@ class RealTraining(ViewerTestCase):
         self.wait("#details .source .line.hl")
         self.assertIn(f"#{first['op_index']['suspect']}", self.wait(".vrow.selected").text)
 
+    def test_trusted_ops_show_as_not_fingerprinted(self):
+        harness.train(self.site, self.daemon, "trusted", ranks=RANKS, steps=STEPS,
+                      extra_env={"OPGUARD_TRUSTED": "default"})
+        linear = next(op for op in self.daemon.trace("trusted", 0) if op["name"] == "aten::linear")
+        self.assertTrue(linear["trusted"])
+        # A full-mode reference against a trusted suspect: nothing to compare
+        # on the trusted ops, so identical, and the details of one show its
+        # shapes but no fingerprint, and nothing marked differing.
+        self.assertEqual(self.daemon.cli_json("diff", "ref", "trusted")["status"], "identical")
+        self.open("/diff", reference="ref", suspect="trusted", rank=0, op=linear["op_index"])
+        details = self.wait("#details table.details")
+        self.assertIn("aten::linear", details.text)
+        self.assertIn("not fingerprinted (trusted op)", details.text)
+        reference = self.daemon.trace("ref", 0)[linear["op_index"]]  # the same op, in full mode
+        self.assertEqual((reference["name"], reference["trusted"]), ("aten::linear", False))
+        self.assertIn(reference["outputs"][0]["fingerprint"], details.text)
+        self.assertEqual(details.find_elements(By.CSS_SELECTOR, "td.differs"), [])
+        # In the aligned lanes, the op's row is linked as not compared.
+        row = self.wait(".vrow.selected")
+        self.assertIn(f"#{linear['op_index']} aten::linear", row.text)
+        self.assertEqual(row.find_element(By.CSS_SELECTOR, ".link").text, "○")
+        self.shot("trusted-details.png")
+
     def test_collectives_matrix_marks_the_desync(self):
         with self.assertRaisesRegex(AssertionError, harness.TIMEOUT_EXIT):
             harness.train(self.site, self.daemon, "desync", ranks=RANKS, steps=STEPS, fault="desync:1:1",

@@ -132,12 +132,14 @@ nlohmann::json AlignmentPageJson(const AlignmentView& v, uint64_t from, uint64_t
     if (row.flags & aligner::Pair::kChangedSite) flags.push_back("changed_site");
     if (row.flags & aligner::Pair::kByData) flags.push_back("by_data");
     const bool paired = row.ref >= 0 && row.sus >= 0;
+    const bool trusted = paired && (v.ref.ops[row.ref].trusted() || v.sus.ops[row.sus].trusted());
     rows.push_back(
         {{"row", i},
          {"reference", row.ref >= 0 ? OpJson(v.ref.ops[row.ref], v.ref_strings) : nullptr},
          {"suspect", row.sus >= 0 ? OpJson(v.sus.ops[row.sus], v.sus_strings) : nullptr},
          {"link", !paired                                 ? "unaligned"
                   : (row.flags & AlignmentView::kDiffers) ? "differs"
+                  : trusted                               ? "trusted"  // paired, never compared
                                                           : "equal"},
          {"flags", flags}});
   }
