@@ -345,6 +345,28 @@ TEST_F(AdapterTest, PausedRegionsAreNotRecorded) {
   EXPECT_EQ(received.collectives.size(), 4u);
 }
 
+// Replicated ops read a tensor cached before their region from its bytes,
+// and one an earlier op of the same region hashed from the cache.
+TEST_F(AdapterTest, ReplicatedOpsReuseOnlyFingerprintsTakenInTheirRegion) {
+  ASSERT_TRUE(Record("replicated_reads.py"));
+  std::map<std::string, ReceivedOp> by_name;
+  for (const auto& [op, name] : Lane0Ops(*ingest_)) by_name.emplace(name, op);
+  for (const char* name : {"aten::neg", "aten::sin", "aten::cos", "aten::tan", "aten::abs", "aten::exp"}) {
+    ASSERT_TRUE(by_name.count(name)) << name << "\n" << log_;
+  }
+  EXPECT_TRUE(by_name["aten::sin"].replicated);
+  EXPECT_FALSE(by_name["aten::abs"].replicated);
+  // `before` changed behind torch's back after aten::neg read it: the
+  // region's first op hashes what is there now.
+  EXPECT_NE(by_name["aten::sin"].in_lo, by_name["aten::neg"].in_lo);
+  EXPECT_EQ(by_name["aten::cos"].in_lo, by_name["aten::sin"].in_lo);
+  // cos's output, changed behind torch's back inside the region, is read by
+  // tan from the fingerprint cos's record took; a region opened later reads
+  // its bytes again.
+  EXPECT_EQ(by_name["aten::tan"].in_lo, by_name["aten::cos"].out_lo);
+  EXPECT_NE(by_name["aten::exp"].in_lo, by_name["aten::cos"].out_lo);
+}
+
 // Trusted mode: the ops OPGUARD_TRUSTED names are recorded with dtypes and
 // shapes but no fingerprint (zero, no statistics) and flagged trusted; an op
 // reading a trusted op's output hashes it; inside opguard.replicated() even a

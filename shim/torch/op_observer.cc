@@ -108,20 +108,25 @@ namespace {
 // A tensor of the op's record: fingerprinted, or only described when the op
 // is trusted (trusted_ops.h).
 bool RecordTensor(const at::Tensor& t, OpContext& ctx, ThreadState& ts, opguard_tensor* out,
-                  Shapes::At* shape, bool cached, bool may_defer = false) {
+                  Shapes::At* shape, uint64_t cached_since, bool may_defer = false) {
   if (ctx.trusted) return DescribeTensor(t, ctx.shapes, out, shape);
-  return FingerprintTensor(t, ts, ctx.shapes, out, shape, cached, may_defer);
+  return FingerprintTensor(t, ts, ctx.shapes, out, shape, cached_since, may_defer);
 }
 
-// Inputs of replicated ops are hashed from their bytes, never taken from the
-// cache: what replicas compare must show memory that changed behind torch's
-// back (a bit flipped in one replica's reduced gradient between the
-// all-reduce and the optimizer: the op read corrupted inputs, it did not
-// compute wrongly). The cache assumes bytes change only with the version.
+// Inputs of replicated ops are hashed from their bytes, never taken from a
+// fingerprint cached before their region (the optimizer's step) began: what
+// replicas compare must show memory that changed behind torch's back (a bit
+// flipped in one replica's reduced gradient between the all-reduce and the
+// optimizer, or in its parameters or optimizer state between steps: the op
+// read corrupted inputs, it did not compute wrongly). The cache assumes bytes
+// change only with the version. Within the region, a tensor an earlier op of
+// it read or wrote is taken from the cache: its bytes were hashed there, and
+// Adam's step reads each of its state tensors several times.
 // `Values`: what RecordFunction::inputs() returns (an ArrayRef of const
 // IValues in torch 1.13, of IValues in 2.x), or a region's IValues.
 template <typename Values>
 void CollectInputs(const Values& inputs, OpContext& ctx, ThreadState& ts) {
+  const uint64_t since = ctx.replicated ? ts.replicated_since : 0;
   ctx.inputs.reserve(inputs.size());
   for (const c10::IValue& v : inputs) {
     opguard_value value;
@@ -134,7 +139,7 @@ void CollectInputs(const Values& inputs, OpContext& ctx, ThreadState& ts) {
           SeenParameter(t);
         }
         Shapes::At shape;
-        if (!RecordTensor(t, ctx, ts, &value.tensor, &shape, !ctx.replicated)) {
+        if (!RecordTensor(t, ctx, ts, &value.tensor, &shape, since)) {
           ctx.unfingerprintable = true;
         }
         value.kind = OPGUARD_VALUE_TENSOR;
@@ -148,7 +153,7 @@ void CollectInputs(const Values& inputs, OpContext& ctx, ThreadState& ts) {
         const at::Tensor t = list.get(i);
         opguard_tensor tensor;
         Shapes::At shape;
-        if (!RecordTensor(t, ctx, ts, &tensor, &shape, !ctx.replicated)) {
+        if (!RecordTensor(t, ctx, ts, &tensor, &shape, since)) {
           ctx.unfingerprintable = true;
         }
         ctx.list_tensors.Add(tensor, shape);
@@ -161,6 +166,16 @@ void CollectInputs(const Values& inputs, OpContext& ctx, ThreadState& ts) {
     ScalarValue(v, &value);  // others (None, int lists, strings): recorded as None
     ctx.AddOtherInput(value);
   }
+}
+
+// Whether an op opening now is replicated (in the optimizer's step or an
+// opguard.replicated() region); the first op of a run of replicated ones
+// marks the cache, so that CollectInputs knows what was cached inside it.
+bool OpensReplicated(ThreadState& ts) {
+  const bool replicated = ts.optimizer_steps > 0 || ts.replicated_regions > 0;
+  if (replicated && !ts.in_replicated_run) ts.replicated_since = ts.cache.Mark();
+  ts.in_replicated_run = replicated;
+  return replicated;
 }
 
 // Tracks uninitialised memory through one output: allocations add it, writes
@@ -185,7 +200,7 @@ void TrackUninitialised(bool allocates, const at::Tensor& t, OpContext& ctx, Thr
 bool CollectOutput(const at::Tensor& t, OpContext& ctx, ThreadState& ts) {
   opguard_tensor out;
   Shapes::At shape;
-  if (!RecordTensor(t, ctx, ts, &out, &shape, /*cached=*/true, /*may_defer=*/true)) {
+  if (!RecordTensor(t, ctx, ts, &out, &shape, /*cached_since=*/0, /*may_defer=*/true)) {
     return false;
   }
   ctx.outputs.Add(out, shape);
@@ -540,7 +555,7 @@ std::unique_ptr<at::ObserverContext> OnFunctionStart(const at::RecordFunction& f
   auto ctx = std::make_unique<OpContext>();
   ctx->start_ns = NowNs();
   ctx->backward = in_backward;
-  ctx->replicated = ts.optimizer_steps > 0 || ts.replicated_regions > 0;
+  ctx->replicated = OpensReplicated(ts);
   ctx->trusted = !ctx->replicated && IsTrustedOp(fn.name(), ts);
   if (in_backward) {
     NameBackwardOp(fn.name(), *ctx, ts);
@@ -729,7 +744,7 @@ std::unique_ptr<OpContext> CompiledRegionStart(const std::string& name,
   auto ctx = std::make_unique<OpContext>();
   ctx->start_ns = NowNs();
   ctx->backward = ts.backward_nodes > 0 && !ts.nodes.empty();
-  ctx->replicated = ts.optimizer_steps > 0 || ts.replicated_regions > 0;
+  ctx->replicated = OpensReplicated(ts);
   if (ctx->backward) {
     NameBackwardOp(name.c_str(), *ctx, ts);
   } else {

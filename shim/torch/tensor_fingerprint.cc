@@ -223,7 +223,7 @@ bool DescribeTensor(const at::Tensor& t, Shapes& shapes, opguard_tensor* out, Sh
 }
 
 bool FingerprintTensor(const at::Tensor& t, ThreadState& ts, Shapes& shapes, opguard_tensor* out,
-                       Shapes::At* shape, bool cached, bool may_defer) {
+                       Shapes::At* shape, uint64_t cached_since, bool may_defer) {
   std::memset(out, 0, sizeof(*out));
   if (HoldsNoData(t)) return false;
   if (t.defined() && t.is_cuda()) return FingerprintDeviceTensor(t, shapes, out, shape);
@@ -262,8 +262,8 @@ bool FingerprintTensor(const at::Tensor& t, ThreadState& ts, Shapes& shapes, opg
   // views whose version counters are their own (ThreadState::unversioned_views).
   const bool cacheable =
       data != nullptr && !ts.uninitialised.Contains(t) && !ts.unversioned_views.Contains(t);
-  if (cacheable && cached) {
-    const auto* hit = ts.cache.Find(key, storage);
+  if (cacheable && cached_since != kHashBytes) {
+    const auto* hit = ts.cache.Find(key, storage, cached_since);
     if (hit != nullptr && hit->pending && hit->layout_hash != layout_hash) hit = nullptr;
     if (hit != nullptr) {
       if (hit->layout_hash == layout_hash) {
@@ -357,7 +357,7 @@ bool FingerprintAll(at::TensorList tensors, OpContext& ctx, ThreadState& ts) {
   for (const at::Tensor& t : tensors) {
     opguard_tensor out;
     Shapes::At shape;
-    if (!FingerprintTensor(t, ts, ctx.shapes, &out, &shape, /*cached=*/false)) return false;
+    if (!FingerprintTensor(t, ts, ctx.shapes, &out, &shape, kHashBytes)) return false;
     // A receiving rank's broadcast buffer, fresh from torch.empty: its bytes
     // at launch are garbage, never evidence.
     if (ts.uninitialised.Contains(t)) ctx.uninitialised_output = true;

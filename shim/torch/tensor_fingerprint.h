@@ -26,12 +26,15 @@ inline bool HoldsNoData(const at::Tensor& t) {
 
 // Fills `out` (its shape pointer unset) with the tensor's fingerprint and
 // stores its shape in `shapes` at `*shape`; false if it has no host bytes
-// OpGuard can read. `cached`: a fingerprint cached for the same bytes may be
-// used. `may_defer`: the bytes are final (an op's output at its end), so a
+// OpGuard can read. `cached_since`: a fingerprint cached for the same bytes
+// may be used if it was put at or after that cache mark (FingerprintCache::
+// Mark; 0: any, kHashBytes: none, the bytes are read). `may_defer`: the bytes are final (an op's output at its end), so a
 // large tensor may be hashed off this thread (async_fingerprints.h) and
 // `out` be a pending fingerprint.
 bool FingerprintTensor(const at::Tensor& t, ThreadState& ts, Shapes& shapes, opguard_tensor* out,
-                       Shapes::At* shape, bool cached = true, bool may_defer = false);
+                       Shapes::At* shape, uint64_t cached_since = 0, bool may_defer = false);
+
+inline constexpr uint64_t kHashBytes = UINT64_MAX;
 
 // Trusted mode: fills `out` with the tensor's dtype, shape and device only
 // (fingerprint zero, no statistics; the op's record says so), storing its

@@ -56,9 +56,10 @@ class FingerprintCache {
     bool pending = false;
   };
 
-  const Value* Find(const Key& key, const c10::StorageImpl* storage) {
+  // The entry for `key`, if one was put at or after mark `since` (0: any).
+  const Value* Find(const Key& key, const c10::StorageImpl* storage, uint64_t since = 0) {
     Slot& slot = slots_[SlotOf(key)];
-    if (slot.epoch != epoch_ || !(slot.key == key) ||
+    if (slot.epoch != epoch_ || slot.generation < since || !(slot.key == key) ||
         slot.value.storage._unsafe_get_target() != storage) {
       return nullptr;
     }
@@ -79,6 +80,8 @@ class FingerprintCache {
     slot.generation = generation_;
     slot.epoch = epoch_;
   }
+  // A mark for Find: entries put from now on are at or after it.
+  uint64_t Mark() { return ++generation_; }
   // Drops every entry (their weak references go when their slots are reused).
   void Clear() {
     ++epoch_;

@@ -47,6 +47,10 @@ struct ThreadState {
   int8_t backend_thread = -1;  // runs a c10d backend's work loop (see IsBackendThread); -1 unknown
   int optimizer_steps = 0;     // Optimizer.step ranges currently open (the package's calls)
   int replicated_regions = 0;  // opguard.replicated() regions currently open
+  // The last recorded op was replicated; the cache mark taken at the first
+  // of that run of replicated ops (op_observer.cc, CollectInputs).
+  bool in_replicated_run = false;
+  uint64_t replicated_since = 0;
   int unrecorded_regions = 0;  // DataLoader work on this thread (opguard/_data.py)
   int subclass_dispatches = 0;  // ops on tensor subclasses open (their __torch_dispatch__ runs)
   int compiled_regions = 0;     // recorded torch.compile regions open (compiled_regions.h)
