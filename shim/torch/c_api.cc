@@ -51,6 +51,16 @@ int LeaveRegion(int ThreadState::*depth) {
   return n;
 }
 
+// The non-empty items of `text` (may be null) separated by `separator`.
+std::vector<std::string> SplitList(const char* text, char separator) {
+  std::vector<std::string> items;
+  std::stringstream stream(text ? text : "");
+  for (std::string item; std::getline(stream, item, separator);) {
+    if (!item.empty()) items.push_back(item);
+  }
+  return items;
+}
+
 }  // namespace
 
 extern "C" {
@@ -58,12 +68,7 @@ extern "C" {
 int opguard_torch_enable(int all_depths, const char* skip_prefixes) {
   try {
     if (opguard_init() != 1) return 0;
-    std::vector<std::string> prefixes;
-    std::stringstream stream(skip_prefixes ? skip_prefixes : "");
-    for (std::string item; std::getline(stream, item, ':');) {
-      if (!item.empty()) prefixes.push_back(item);
-    }
-    SetSkippedPathPrefixes(std::move(prefixes));
+    SetSkippedPathPrefixes(SplitList(skip_prefixes, ':'));
     g_adapter.all_depths.store(all_depths != 0);
     if (!g_adapter.registered.load()) {
       RegisterCollectiveOps();
@@ -91,11 +96,7 @@ int opguard_torch_enable(int all_depths, const char* skip_prefixes) {
 
 int opguard_torch_set_trusted(const char* names) {
   try {
-    std::vector<std::string> list;
-    std::stringstream stream(names ? names : "");
-    for (std::string item; std::getline(stream, item, ',');) {
-      if (!item.empty()) list.push_back(item);
-    }
+    std::vector<std::string> list = SplitList(names, ',');
     const int count = static_cast<int>(list.size());
     SetTrustedOps(std::move(list));
     return count;
