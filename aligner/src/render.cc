@@ -249,7 +249,12 @@ void PivotText(std::ostringstream& o, const FirstDivergence& f, const char* head
 
 void EvidenceText(std::ostringstream& o, const FirstDivergence& f) {
   const std::optional<bool> kernels_differ = KernelsDiffer(f);
-  if (f.inputs_equal && kernels_differ == true) {
+  if (f.op.rfind("opguard::replica_state[", 0) == 0) {
+    // Recorded by OpGuard after an optimizer step (online SDC mode): a
+    // snapshot with no inputs, not a computation.
+    o << "replica state differs → this copy changed since the replicas last agreed: in memory, in the "
+         "update that wrote it, or in what that update read\n";
+  } else if (f.inputs_equal && kernels_differ == true) {
     o << "inputs identical (fingerprints equal), output differs → the op itself, which ran other kernels "
          "(another algorithm: a different GEMM kernel, say)\n";
   } else if (f.inputs_equal) {

@@ -5,6 +5,9 @@ measured in one run and interleaved so that machine noise hits all three alike:
   opguard    OPGUARD=1, recording into a real opguardd (--local, temp dir)
   trusted    the same in trusted mode (OPGUARD_TRUSTED=default: GEMMs,
              elementwise ops and views recorded without fingerprints)
+  sdc        the same in online SDC mode (OPGUARD_SDC=1: no op observed,
+             each parameter fingerprinted after the optimizer's step; a torch
+             older than 2.0 records in full mode instead)
   dispatch   a Python TorchDispatchMode hashing every op output (the approach
              of PyTorch's DebugMode), no OpGuard
   baseline   (with --baseline-stage DIR) OPGUARD=1 with the opguard package
@@ -99,6 +102,8 @@ def main():
             "opguard": ({"OPGUARD": "1", "OPGUARD_ENDPOINT": f"ipc://{tmp}/d/ingest.sock"}, []),
             "trusted": ({"OPGUARD": "1", "OPGUARD_ENDPOINT": f"ipc://{tmp}/d/ingest.sock",
                          "OPGUARD_TRUSTED": "default"}, []),
+            "sdc": ({"OPGUARD": "1", "OPGUARD_ENDPOINT": f"ipc://{tmp}/d/ingest.sock",
+                     "OPGUARD_SDC": "1"}, []),
             "dispatch": ({}, ["--hash-every-output"]),
             **({"baseline": ({"OPGUARD": "1", "OPGUARD_ENDPOINT": f"ipc://{tmp}/d/ingest.sock"}, [])}
                if baseline_site else {}),
@@ -123,7 +128,7 @@ def main():
             for mode, (extra_env, extra_args) in modes.items():
                 times = os.path.join(tmp, f"{mode}-{round_}.json")
                 env = dict(base_env, **extra_env)
-                if mode in ("opguard", "trusted", "in_process", "baseline"):
+                if mode in ("opguard", "trusted", "sdc", "in_process", "baseline"):
                     env["OPGUARD_RUN"] = f"{mode}-{round_}"
                 python = site.python
                 if mode in ("baseline", "baseline_in_process"):
@@ -153,7 +158,10 @@ def main():
         if not any(r["name"] == "opguard-0" and r["ops"] > 0 for r in runs["runs"]):
             sys.exit("step_overhead: the OPGUARD=1 runs recorded nothing (is the opguard "
                      "package active in this Python?)")
-        separate = ("plain", "opguard", "trusted", "dispatch", *(("baseline",) if baseline_site else ()))
+        if not any(r["name"] == "sdc-0" and r["ops"] > 0 for r in runs["runs"]):
+            sys.exit("step_overhead: the OPGUARD_SDC=1 runs recorded nothing")
+        separate = ("plain", "opguard", "trusted", "sdc", "dispatch",
+                    *(("baseline",) if baseline_site else ()))
         medians = {mode: statistics.median(samples[mode]) for mode in separate}
         cpu_medians = {mode: statistics.median(cpu[mode]) for mode in separate}
         thread_medians = {mode: statistics.median(thread_cpu[mode]) for mode in separate}

@@ -11,6 +11,7 @@ torch — no change to the training code. Explicit use:
         ...
     with opguard.paused():  # not observed at all (evaluation, checkpointing)
         ...
+    opguard.record_replica_state({"w": w})  # a hand-written update's state
 
 Everything here follows the shim's rule: never raise into, block or crash the
 training process. Failures print one warning line and recording stays off.
@@ -23,7 +24,8 @@ import threading
 
 from . import _native
 
-__all__ = ["enable", "enabled", "mark_step", "replicated", "paused", "counters"]
+__all__ = ["enable", "enabled", "mark_step", "replicated", "paused", "record_replica_state",
+           "counters"]
 
 _state = {"shim": None, "torch": None, "enabled": False, "pending_rank": False}
 _pause_lock = threading.Lock()
@@ -90,7 +92,7 @@ def enable(depth=None):
         if _helper_of_recorder():
             return False
         import torch  # noqa: F401  (the adapter needs torch's libraries loaded)
-        from . import _autograd, _collectives, _compiled, _data, _determinism, _trusted
+        from . import _autograd, _collectives, _compiled, _data, _determinism, _sdc, _trusted
         shim, adapter = _load()
         depth = depth or os.environ.get("OPGUARD_DEPTH", "top")
         if depth not in ("top", "all"):
@@ -98,6 +100,9 @@ def enable(depth=None):
             return False
         if shim.opguard_init() != 1:
             return False
+        sdc = _sdc_mode(adapter)
+        if sdc:
+            return _enable_sdc(shim, adapter, depth, _autograd, _determinism, _sdc)
         _determinism.apply(shim)
         try:
             trusted = _trusted.parse(os.environ.get("OPGUARD_TRUSTED"))
@@ -126,6 +131,49 @@ def enable(depth=None):
     except Exception as e:  # never into the training program
         _warn(f"could not enable recording ({e}); training continues without it")
         return False
+
+
+def _sdc_mode(adapter):
+    """Whether OPGUARD_SDC asks for online SDC mode and it can run here
+    (otherwise one warning line, and full mode: it compares replicas too)."""
+    from . import _sdc
+    try:
+        if not _sdc.parse(os.environ.get("OPGUARD_SDC")):
+            return False
+    except ValueError as e:
+        _warn(f"{e}; recording every op with fingerprints")
+        return False
+    if not _sdc.supported():
+        _warn("OPGUARD_SDC=1 needs torch 2.0 or newer (torch.optim's step hooks); "
+              "recording every op with fingerprints instead")
+        return False
+    if adapter.opguard_torch_set_sdc(1) != 1:
+        _warn("OPGUARD_SDC=1 after recording started in another mode; that mode stays")
+        return False
+    return True
+
+
+def _enable_sdc(shim, adapter, depth, _autograd, _determinism, _sdc):
+    """Online SDC mode (opguard/_sdc.py): no op, collective or data loader
+    is observed; the optimizer's steps are, for their replica state and as
+    step boundaries. The job's settings are left alone unless
+    OPGUARD_DETERMINISM=on asks for determinism control."""
+    import torch
+    if os.environ.get("OPGUARD_DETERMINISM") == "on":
+        _determinism.apply(shim)
+    else:
+        shim.opguard_set_run_info(4, b"mode", b"off (online SDC mode)")
+    shim.opguard_set_run_info(5, b"OPGUARD_SDC", b"1")
+    _autograd.install_optimizer_steps(adapter)
+    _sdc.install(adapter)
+    shim.opguard_set_run_info(1, b"", b"pytorch")
+    shim.opguard_set_run_info(3, b"torch", torch.__version__.encode())
+    shim.opguard_set_run_info(3, b"python", sys.version.split()[0].encode())
+    ok = adapter.opguard_torch_enable(1 if depth == "all" else 0, _skip_prefixes().encode()) == 1
+    _state["enabled"] = ok
+    if ok:
+        os.environ[_RECORDER_VARIABLE] = f"{os.getpid()}:{shim.opguard_rank()}"
+    return ok
 
 
 def enabled():
@@ -184,6 +232,27 @@ def paused():
                 _pause_depth[0] -= 1
                 if _pause_depth[0] == 0:
                     adapter.opguard_torch_pause(0)
+
+
+def record_replica_state(state):
+    """Records replica state now: for each name and tensor (or list of
+    tensors) of the dict `state`, one op "opguard::replica_state[NAME]"
+    flagged replicated, whose outputs are the tensors' bytes as they are.
+    Every data-parallel replica must record the same names in the same order
+    and hold the same bits in them; `opguard ranks RUN --replicas` compares
+    them. For a hand-written update in online SDC mode (OPGUARD_SDC=1
+    records torch.optim's steps on its own); in any mode. Returns how many
+    were recorded (0 when not recording)."""
+    if not _state["enabled"]:
+        return 0
+    try:
+        from . import _sdc
+        pairs = [(name, list(value) if isinstance(value, (list, tuple)) else [value])
+                 for name, value in dict(state).items()]
+        return _sdc.record(pairs)
+    except Exception as e:  # never into the training program
+        _warn(f"replica state not recorded ({e})")
+        return 0
 
 
 def counters():

@@ -90,6 +90,12 @@ def _optimizer_step_ranges(adapter):
     _wrap(cls, "__exit__", exit_)
 
 
+def install_optimizer_steps(adapter):
+    """Only the Optimizer.step ranges (online SDC mode: steps end with the
+    optimizer's, and its replica state is recorded inside them)."""
+    _optimizer_step_ranges(adapter)
+
+
 def install(adapter):
     """Wraps backward, Function backward, saved-tensor hooks, tensor hooks and
     record_function's enter and exit (once per process)."""

@@ -22,6 +22,7 @@ SHIM_FUNCTIONS = {  # name: (result, [arguments])
 ADAPTER_FUNCTIONS = {
     "opguard_torch_enable": (_c.c_int, [_c.c_int, _c.c_char_p]),
     "opguard_torch_set_trusted": (_c.c_int, [_c.c_char_p]),
+    "opguard_torch_set_sdc": (_c.c_int, [_c.c_int]),
     "opguard_torch_disable": (None, []),
     "opguard_torch_recording": (_c.c_int, []),
     "opguard_torch_pause": (_c.c_int, [_c.c_int]),

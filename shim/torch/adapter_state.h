@@ -14,6 +14,9 @@ struct AdapterState {
   std::atomic<bool> registered{false};  // callbacks were registered once
   std::atomic<bool> all_depths{false};  // OPGUARD_DEPTH=all: nested aten ops too
   std::atomic<bool> paused{false};      // opguard.paused(): callbacks unregistered
+  // Online SDC mode (OPGUARD_SDC): the op callbacks are never registered; only
+  // replica state is recorded (replica_state.cc). Set before the first enable.
+  std::atomic<bool> sdc{false};
   // Nested ops are switched off inside recorded top-level ops (op_observer.cc):
   // only with the default depth and no foreign global observer.
   std::atomic<bool> skip_nested{false};

@@ -404,5 +404,57 @@ TEST_F(AdapterTest, TrustedOpsAreRecordedWithoutFingerprints) {
   }
 }
 
+// Online SDC mode (OPGUARD_SDC=1, torch 2.0 and newer): no op is observed;
+// after each optimizer step one replicated op per parameter records it and
+// its optimizer state (Adam: 4 tensors) as its outputs, read from their
+// bytes, and
+// opguard.record_replica_state() adds its own. A value that is not 0 or 1,
+// or a torch without torch.optim's step hooks, warns once and records every
+// op (full mode), with the explicit replica state as well.
+TEST_F(AdapterTest, SdcModeRecordsOnlyReplicaState) {
+  for (const std::string value : {"1", "yes"}) {
+    SCOPED_TRACE("OPGUARD_SDC=" + value);
+    ASSERT_TRUE(Record("sdc_mode.py", "OPGUARD_SDC=" + value));
+    const bool too_old = log_.find("OPGUARD_SDC=1 needs torch 2.0") != std::string::npos;
+    const bool malformed = log_.find("OPGUARD_SDC='yes' is not 0 or 1") != std::string::npos;
+    EXPECT_EQ(malformed, value == "yes") << log_;
+    EXPECT_EQ(too_old, !malformed && log_.find("torch 1.") != std::string::npos) << log_;
+    std::vector<std::pair<ReceivedOp, std::string>> replica_state;
+    size_t aten_ops = 0;
+    for (const auto& [op, name] : Lane0Ops(*ingest_)) {
+      if (name.rfind("opguard::replica_state[", 0) == 0) replica_state.emplace_back(op, name);
+      if (name.rfind("aten::", 0) == 0) ++aten_ops;
+    }
+    if (malformed || too_old) {
+      EXPECT_GT(aten_ops, 20u) << "full mode records every op";
+      ASSERT_EQ(replica_state.size(), 2u) << log_;  // the explicit ones only
+    } else {
+      EXPECT_EQ(aten_ops, 0u) << log_;
+      ASSERT_EQ(replica_state.size(), 10u) << log_;
+      for (size_t i = 0; i < 8; ++i) {
+        const auto& [op, name] = replica_state[i];
+        EXPECT_EQ(name, "opguard::replica_state[Adam:0." + std::to_string(i % 4) + "]");
+        EXPECT_EQ(op.step, i / 4);
+        EXPECT_EQ(op.outputs, 4u) << "the parameter, exp_avg, exp_avg_sq, step";
+        EXPECT_EQ(op.inputs, 0u);
+        EXPECT_TRUE(op.replicated);
+        EXPECT_NE(op.out_lo, 0u);
+        EXPECT_TRUE(op.out_has_stats);
+      }
+      // The parameters moved between the steps.
+      EXPECT_NE(replica_state[0].first.out_lo, replica_state[4].first.out_lo);
+    }
+    const auto& [ema, ema_name] = replica_state[replica_state.size() - 2];
+    const auto& [pair, pair_name] = replica_state.back();
+    EXPECT_EQ(ema_name, "opguard::replica_state[ema]");
+    EXPECT_EQ(pair_name, "opguard::replica_state[pair]");
+    EXPECT_EQ(ema.outputs, 1u);
+    EXPECT_EQ(pair.outputs, 2u);
+    EXPECT_TRUE(ema.replicated);
+    EXPECT_NE(ema.out_lo, 0u);
+    EXPECT_EQ(ema.out_lo, pair.out_lo) << "the same tensor, the same fingerprint";
+  }
+}
+
 }  // namespace
 }  // namespace opguard::torch_adapter

@@ -20,6 +20,7 @@
 #include "op_observer.h"
 #include "opguard/shim.h"
 #include "python_frames.h"
+#include "replica_state.h"
 #include "steps.h"
 #include "thread_state.h"
 #include "trusted_ops.h"
@@ -73,6 +74,7 @@ int opguard_torch_enable(int all_depths, const char* skip_prefixes) {
     if (!g_adapter.registered.load()) {
       RegisterCollectiveOps();
       RegisterCompiledRegionOps();
+      RegisterReplicaStateOp();
       // A forked child (a DataLoader worker) records nothing: the shim turns
       // itself off there, and the callbacks must not go on hashing every op
       // for records that go nowhere.
@@ -81,8 +83,12 @@ int opguard_torch_enable(int all_depths, const char* skip_prefixes) {
       g_adapter.main_thread = std::this_thread::get_id();
       g_adapter.foreign_global_observer = at::hasGlobalCallbacks();
       std::atexit(&AtExit);
-      std::lock_guard<std::mutex> lock(g_callback_mu);
-      g_handles = AddObserverCallbacks();
+      // Online SDC mode observes no op: torch's RecordFunction machinery
+      // stays off, and so does its cost on every op.
+      if (!g_adapter.sdc.load()) {
+        std::lock_guard<std::mutex> lock(g_callback_mu);
+        g_handles = AddObserverCallbacks();
+      }
     }
     g_adapter.skip_nested.store(all_depths == 0 && !g_adapter.foreign_global_observer &&
                                 !KeepNestedOps());
@@ -106,13 +112,19 @@ int opguard_torch_set_trusted(const char* names) {
   }
 }
 
+int opguard_torch_set_sdc(int sdc) {
+  if (g_adapter.registered.load()) return g_adapter.sdc.load() == (sdc != 0) ? 1 : 0;
+  g_adapter.sdc.store(sdc != 0);
+  return 1;
+}
+
 int opguard_torch_pause(int paused) {
   try {
     std::lock_guard<std::mutex> lock(g_callback_mu);
     if (!g_adapter.registered.load()) return 0;
     if (paused != 0 && g_handles[0] != 0) {
       for (at::CallbackHandle& handle : g_handles) at::removeCallback(std::exchange(handle, 0));
-    } else if (paused == 0 && g_handles[0] == 0) {
+    } else if (paused == 0 && g_handles[0] == 0 && !g_adapter.sdc.load()) {
       g_handles = AddObserverCallbacks();
     }
     g_adapter.paused.store(paused != 0);

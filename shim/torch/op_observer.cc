@@ -781,6 +781,38 @@ void CompiledRegionEnd(std::unique_ptr<OpContext> ctx, c10::ArrayRef<c10::IValue
   RecordOp(*ctx, lane);
 }
 
+bool RecordReplicaState(const std::string& name, at::TensorList state, uint64_t site,
+                        ThreadState& ts) {
+  if (!Recording() || g_adapter.paused.load() || ts.unrecorded_regions > 0) return false;
+  BeginCacheStep(ts);
+  auto ctx = std::make_unique<OpContext>();
+  ctx->start_ns = NowNs();
+  // Replica state is what replicas compare, whether or not the thread is in
+  // the optimizer's step; outside a replicated region nothing cached before
+  // counts, so every tensor is read from its bytes.
+  if (!OpensReplicated(ts)) ts.replicated_since = ts.cache.Mark();
+  ctx->replicated = true;
+  ctx->name = opguard_intern(name.data(), name.size());
+  ctx->site = site;
+  const uint32_t lane = LaneOf(ts);
+  // The state is the op's output: what the aligner compares. Hashed here,
+  // never deferred to the shim's thread: in online SDC mode no op is
+  // observed, so nothing would wait for the hash before the next step
+  // writes the parameter.
+  for (const at::Tensor& t : state) {
+    opguard_tensor out;
+    Shapes::At shape;
+    if (!RecordTensor(t, *ctx, ts, &out, &shape, ts.replicated_since, /*may_defer=*/false)) {
+      opguard_report_gap(lane, 1, "tensor without host bytes (device, sparse or quantized)",
+                         nullptr);
+      return false;
+    }
+    ctx->outputs.Add(out, shape);
+  }
+  RecordOp(*ctx, lane);
+  return true;
+}
+
 // OPGUARD_NESTED_OPS: unset, empty or 0 = off, 1 = on; anything else warns
 // once and keeps nested ops observed (the behaviour that cannot hide an op
 // from another observer).

@@ -44,6 +44,13 @@ std::unique_ptr<OpContext> CompiledRegionStart(const std::string& name,
 void CompiledRegionEnd(std::unique_ptr<OpContext> ctx, c10::ArrayRef<c10::IValue> outputs,
                        bool completed, ThreadState& ts);
 
+// Online SDC mode's record (replica_state.cc): one replicated op named `name`
+// without inputs whose outputs are `state` (a parameter and its optimizer
+// state) as they are now, at call site `site` (FindUserSite). False when not
+// recorded.
+bool RecordReplicaState(const std::string& name, at::TensorList state, uint64_t site,
+                        ThreadState& ts);
+
 // OPGUARD_NESTED_OPS=1: leave RecordFunction on inside recorded ops.
 bool KeepNestedOps();
 

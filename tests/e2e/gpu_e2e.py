@@ -87,6 +87,7 @@ def main():
             harness.train(site, daemon, "race", fault="race:1:1", **common)
             rows.append(check_race(daemon.cli_json("diff", "ref", "race")))
         rows.extend(one_rank_collectives(site, daemon, args))
+        rows.append(check_sdc_mode(site, daemon, args))
         left = args.budget_s - (time.monotonic() - started) if args.budget_s else float("inf")
         if not args.skip_timing and left < args.timing_need_s:
             rows.append(row("step time ratios", "≤ 1.3× and ≤ 1.01×",
@@ -159,6 +160,23 @@ def check_race(report):
     measured = f"{report['status']} at rank {first['rank']}, step {first['step']}, {first['op']}"
     return row("planted stream race found", target, measured,
                report["status"] == "diverged" and first["rank"] == 1 and first["step"] in (1, 2))
+
+
+def check_sdc_mode(site, daemon, args):
+    """Online SDC mode (OPGUARD_SDC=1) on 3 ranks: rank 2's copy of a reduced
+    gradient corrupted after the all-reduce at step 1 is named by the replica
+    check at step 1, on the output layer's weight (the last parameter)."""
+    target = "rank 2 · step 1 · replica_state of the last parameter"
+    harness.train(site, daemon, "sdc-mode", ranks=3, steps=args.steps, fault="sdc:2:1",
+                  args=["--device", args.device], extra_env={"OPGUARD_SDC": "1"}, timeout=240)
+    report = daemon.cli_json("ranks", "sdc-mode", "--replicas", "0,1,2")
+    groups = report.get("replicas") or [{}]
+    first = groups[0].get("first_divergence") or {}
+    measured = (f"{groups[0].get('status')} · odd {groups[0].get('odd_ranks')} · rank "
+                f"{first.get('rank')} · step {first.get('step')} · {first.get('op')}")
+    ok = (groups[0].get("odd_ranks") == [2] and (first.get("rank"), first.get("step")) == (2, 1)
+          and first.get("op") == f"opguard::replica_state[SGD:0.{parameters_of_the_model(site) - 1}]")
+    return row("online SDC mode names the corrupted replica", target, measured, ok)
 
 
 def parameters_of_the_model(site):
@@ -248,7 +266,7 @@ def median_step(path):
 def step_time_ratios(site, loaded, daemon, args, width, tmp):
     def timed(name, which_site, opguard):
         times = os.path.join(tmp, f"times-{name}-{width}.json")
-        extra = {} if opguard else {"OPGUARD": 0}
+        extra = opguard if isinstance(opguard, dict) else {} if opguard else {"OPGUARD": 0}
         harness.train(which_site, daemon, f"time-{name}-{width}", ranks=args.ranks,
                       steps=args.timing_steps, extra_env=extra, timeout=300,
                       args=["--device", args.device, "--d-model", str(width), "--times", times])
@@ -256,11 +274,15 @@ def step_time_ratios(site, loaded, daemon, args, width, tmp):
 
     plain = timed("plain", site, False)
     full = timed("full", site, True)
+    sdc = timed("sdc", site, {"OPGUARD_SDC": "1"})
     libs = timed("loaded", loaded, False)
     model = f"d_model {width}"
     return [
         row(f"step time, OPGUARD=1 / off ({model})", "≤ 1.3×",
             f"{full / plain:.2f}× ({full * 1e3:.1f} ms / {plain * 1e3:.1f} ms)", full / plain <= 1.3,
+            "target"),
+        row(f"step time, OPGUARD_SDC=1 / off ({model})", "≤ 1.02×",
+            f"{sdc / plain:.3f}× ({sdc * 1e3:.1f} ms / {plain * 1e3:.1f} ms)", sdc / plain <= 1.02,
             "target"),
         row(f"step time, libraries loaded, OPGUARD unset / off ({model})", "≤ 1.01×",
             f"{libs / plain:.3f}× ({libs * 1e3:.1f} ms / {plain * 1e3:.1f} ms)", libs / plain <= 1.01,

@@ -347,6 +347,83 @@ class TrustedMode(harness.DaemonTestCase):
         self.assert_replica_pivot(group, rank=2, step=1)
 
 
+class SdcMode(harness.DaemonTestCase):
+    """OPGUARD_SDC=1, online SDC mode: no op is observed; after each
+    optimizer step every parameter is recorded as replica state, which the
+    data-parallel replicas must agree on."""
+    SDC = {"OPGUARD_SDC": "1"}
+    replicas = Faults.replicas
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        probe = subprocess.run([cls.site.python, "-c", "import torch.optim.optimizer as o; "
+                                "print(hasattr(o, 'register_optimizer_step_post_hook'))"],
+                               capture_output=True, text=True, timeout=120)
+        if probe.stdout.strip() != "True":
+            raise unittest.SkipTest("this torch has no optimizer step hooks (torch 2.0 and "
+                                    "newer): OPGUARD_SDC=1 records in full mode there")
+        harness.train(cls.site, cls.daemon, "ref", ranks=RANKS, steps=STEPS, extra_env=cls.SDC)
+
+    def assert_replica_state_pivot(self, run, rank, step):
+        """The odd replica is `rank`, first at `step`, on the output layer's
+        weight (the last parameter: SGD's group 0, index 36) as
+        opt.step() left it."""
+        report, group = self.replicas(run)
+        self.assertEqual(group["status"], "diverged", json.dumps(group)[:3000])
+        self.assertEqual(group["odd_ranks"], [rank])
+        self.assertEqual(report["odd_ranks"], [rank])
+        first = group["first_divergence"]
+        head = f"opguard::replica_state[SGD:0.{TINYGPT_PARAMETERS - 1}]"
+        self.assertEqual((first["rank"], first["step"], first["op"]), (rank, step, head),
+                         json.dumps(first)[:3000])
+        self.assertEqual(first["differing_outputs"], [0])
+        line = harness.line_of(TRAIN, "opt.step()")
+        for side in ("reference", "suspect"):
+            self.assertEqual(os.path.basename(first["site"][side]["file"]), "train_gpt.py")
+            self.assertEqual(first["site"][side]["line"], line, first["site"])
+        text = self.daemon.cli("ranks", run, "--replicas", ",".join(map(str, range(RANKS))),
+                               check=False)
+        self.assertEqual(text.returncode, 1, text.stdout + text.stderr)
+        self.assertIn(f"disagreeing with the majority: rank(s) {rank}", text.stdout)
+        self.assertIn("replica state differs → this copy changed since the replicas last agreed",
+                      text.stdout)
+
+    def test_clean_runs_record_only_replica_state_and_agree(self):
+        harness.train(self.site, self.daemon, "ref-again", ranks=RANKS, steps=STEPS,
+                      extra_env=self.SDC)
+        report = self.daemon.cli_json("diff", "ref", "ref-again")
+        self.assertEqual(report["status"], "identical", json.dumps(report)[:2000])
+        report, group = self.replicas("ref")
+        self.assertEqual(group["status"], "identical", json.dumps(group)[:3000])
+        self.assertEqual(group["compared"], "replicated_ops")
+        self.assertEqual(group["compared_ops"], STEPS * TINYGPT_PARAMETERS)
+        ops = self.daemon.trace("ref", 0)
+        self.assertEqual(len(ops), STEPS * TINYGPT_PARAMETERS)
+        for i, op in enumerate(ops):
+            index = i % TINYGPT_PARAMETERS
+            self.assertEqual((op["name"], op["step"]),
+                             (f"opguard::replica_state[SGD:0.{index}]", i // TINYGPT_PARAMETERS))
+            self.assertEqual(op["inputs"], [])
+            self.assertEqual(len(op["outputs"]), 1)  # plain SGD keeps no state
+            self.assertNotEqual(int(op["outputs"][0]["fingerprint"], 16), 0)
+
+    def test_corrupted_reduced_gradient_on_one_replica(self):
+        # Rank 2's copy of a reduced gradient, corrupted after the all-reduce,
+        # moves its output-layer weight in that step's update.
+        harness.train(self.site, self.daemon, "sdc", ranks=RANKS, steps=STEPS, fault="sdc:2:1",
+                      extra_env=self.SDC)
+        self.assert_replica_state_pivot("sdc", rank=2, step=1)
+
+    def test_corrupted_weight_memory_on_one_replica(self):
+        # A bit flipped in rank 1's output-layer weight before step 1's
+        # forward: the gradients are averaged, so only rank 1's weight differs
+        # after the update.
+        harness.train(self.site, self.daemon, "wflip", ranks=RANKS, steps=STEPS,
+                      fault="wflip:1:1", extra_env=self.SDC)
+        self.assert_replica_state_pivot("wflip", rank=1, step=1)
+
+
 class Collectives(harness.DaemonTestCase):
     def run_job(self, script, run):
         """Runs a two-rank job (tests/e2e/SCRIPT) under OPGUARD=1 as run `run`;

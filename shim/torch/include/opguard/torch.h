@@ -36,6 +36,14 @@ OPGUARD_TORCH_API int opguard_torch_enable(int all_depths, const char* skip_pref
  * of names, -1 on failure. */
 OPGUARD_TORCH_API int opguard_torch_set_trusted(const char* names);
 
+/* Online SDC mode (OPGUARD_SDC): with `sdc` set before the first
+ * opguard_torch_enable, no op callback is ever registered; what is recorded
+ * is the replica state the package hands to the opguard::replica_state
+ * dispatcher op after each optimizer step (replicated ops, one per
+ * parameter). Returns 1 when the mode is (now) as asked, 0 when recording
+ * already started in the other mode. */
+OPGUARD_TORCH_API int opguard_torch_set_sdc(int sdc);
+
 /* Stops recording (the callbacks stay registered but return at once). */
 OPGUARD_TORCH_API void opguard_torch_disable(void);
 
