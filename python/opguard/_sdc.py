@@ -15,9 +15,10 @@ OPGUARD_SDC is unset, empty or 0 for the other modes, 1 for this one. It
 needs torch 2.0 or newer (torch.optim's global step hooks); older torches
 record in full mode instead, which compares replicas as well.
 """
+import atexit
 import sys
 
-_state = {"adapter": None, "warned": False, "labels": {}}
+_state = {"adapter": None, "warned": False, "labels": {}, "recorded": 0}
 
 
 def parse(value):
@@ -45,6 +46,16 @@ def install(adapter):
     from torch.optim.optimizer import register_optimizer_step_post_hook
     _state["adapter"] = adapter
     register_optimizer_step_post_hook(_after_step)
+    atexit.register(_say_if_nothing_was_recorded)
+
+
+def _say_if_nothing_was_recorded():
+    # Not a silent no-op: a job whose update is not a torch.optim step
+    # records nothing in this mode unless it says what its state is.
+    if _state["recorded"] == 0:
+        sys.stderr.write("opguard-torch warning: OPGUARD_SDC=1 recorded no replica state in this "
+                         "process: it ran no torch.optim step (a hand-written update records its "
+                         "state with opguard.record_replica_state())\n")
 
 
 def _after_step(optimizer, args, kwargs):
@@ -103,4 +114,6 @@ def record(named_state):
         counts.append(len(local))
     if not names:
         return 0
-    return int(torch.ops.opguard.replica_state(names, flat, counts))
+    recorded = int(torch.ops.opguard.replica_state(names, flat, counts))
+    _state["recorded"] += recorded
+    return recorded

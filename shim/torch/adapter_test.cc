@@ -453,7 +453,16 @@ TEST_F(AdapterTest, SdcModeRecordsOnlyReplicaState) {
     EXPECT_TRUE(ema.replicated);
     EXPECT_NE(ema.out_lo, 0u);
     EXPECT_EQ(ema.out_lo, pair.out_lo) << "the same tensor, the same fingerprint";
+    EXPECT_EQ(log_.find("recorded no replica state"), std::string::npos) << log_;
   }
+  // A hand-written update that records no state: nothing, said at exit.
+  ASSERT_TRUE(Record("sdc_hand_written.py", "OPGUARD_SDC=1"));
+  const bool full_mode = log_.find("OPGUARD_SDC=1 needs torch 2.0") != std::string::npos;
+  EXPECT_EQ(Lane0Ops(*ingest_).empty(), !full_mode) << log_;
+  EXPECT_EQ(log_.find("OPGUARD_SDC=1 recorded no replica state in this process: it ran no "
+                      "torch.optim step") != std::string::npos,
+            !full_mode)
+      << log_;
 }
 
 }  // namespace
