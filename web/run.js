@@ -1,7 +1,9 @@
-// "/run?name=RUN[&rank=R]": one run. Its ranks and settings, the rank ×
-// collective matrix (desyncs, mismatches, hung collectives marked), and one
-// rank's ops as a virtualised list paged from the trace endpoint.
-import { api, el, setTitle, short, siteText } from './util.js';
+// "/run?name=RUN[&rank=R][&op=I][&replicas=R,R,...]": one run. Its ranks and
+// settings, the rank × collective matrix (desyncs, mismatches, hung
+// collectives marked), the replica check of the ranks named (run at once for
+// `replicas` and for a run recorded in online SDC mode), and one rank's ops as
+// a virtualised list paged from the trace endpoint, op I selected.
+import { api, el, navigate, setTitle, short, siteText } from './util.js';
 import { VirtualList } from './virtual.js';
 import { showDetails } from './details.js';
 
@@ -67,7 +69,51 @@ function matrix(report) {
     report.notes.map((n) => el('p', { class: 'small muted' }, n)));
 }
 
-async function opsList(section, name, rank, panel, laneIndex = 0) {
+// The replica check (`opguard ranks --replicas`): each group's verdict and
+// its first divergence, linked to that op in the rank's list.
+function replicaGroups(name, report) {
+  return report.replicas.map((g) => {
+    const odd = g.odd_ranks.length ? ` · outside the majority: rank(s) ${g.odd_ranks.join(', ')}` : '';
+    const f = g.first_divergence;
+    const link = f && `/run?${new URLSearchParams({ name, rank: f.rank, op: f.op_index.suspect, replicas: g.ranks.join(',') })}`;
+    return el('div', { class: 'replica-group', 'data-status': g.status },
+      el('p', {}, el('span', { class: `badge ${g.status}` }, g.status),
+        `replicas ${g.ranks.join(', ')} · ${g.compared_ops.toLocaleString('en')} replicated op(s) compared${odd}`),
+      f && el('p', { class: 'replica-pivot' }, `first divergence · rank ${f.rank} · step ${f.step} · ${f.op} · ${siteText(f.site.suspect)} · `,
+        el('a', { href: link }, `op #${f.op_index.suspect}`)),
+      g.notes.map((n) => el('p', { class: 'small muted' }, n)));
+  });
+}
+
+function replicasSection(name, run, params) {
+  const result = el('div', { class: 'replica-result' });
+  const asked = params.get('replicas');
+  const input = el('input', { name: 'replicas', size: 24, value: asked ?? run.ranks.map((r) => r.rank).join(','),
+    title: 'ranks that must hold identical bits (data-parallel replicas)' });
+  const check = async (ranks) => {
+    result.replaceChildren(el('p', { class: 'muted' }, 'Comparing replicas…'));
+    try {
+      const report = await api(`runs/${encodeURIComponent(name)}/ranks`, { replicas: ranks });
+      result.replaceChildren(...(report.replicas.length ? replicaGroups(name, report)
+        : [el('p', { class: 'muted' }, 'no node holds two of these ranks')]));
+    } catch (e) {
+      result.replaceChildren(el('p', { class: 'error' }, e.message));
+    }
+  };
+  const form = el('form', {
+    onsubmit: (e) => {
+      e.preventDefault();
+      const next = new URLSearchParams(location.search);
+      next.set('replicas', input.value.trim());
+      navigate(`/run?${next}`, true);
+      check(input.value.trim());
+    },
+  }, el('label', {}, 'Replicas ', input), ' ', el('button', { type: 'submit' }, 'Compare'));
+  if (asked !== null || run.environment?.OPGUARD_SDC === '1') check(input.value.trim());
+  return el('section', { id: 'replicas' }, el('h3', {}, 'Replicas'), form, result);
+}
+
+async function opsList(section, name, rank, panel, laneIndex = 0, selectOp = null) {
   const enc = encodeURIComponent;
   const { lanes } = await api(`runs/${enc(name)}/ranks/${rank}/lanes`);
   const lane = lanes[laneIndex]?.lane ?? 0;
@@ -96,6 +142,11 @@ async function opsList(section, name, rank, panel, laneIndex = 0) {
     lanes.map((l, i) => el('option', { value: i, selected: i === laneIndex }, `lane ${l.lane}`)));
   section.replaceChildren(el('h3', {}, `Rank ${rank} · `, choice, ` · ${total.toLocaleString('en')} ops`), list.element);
   list.draw();
+  if (selectOp !== null && selectOp < total) {
+    list.scrollToIndex(selectOp);
+    list.select(selectOp);
+    showDetails(panel, [{ label: name, run: name, rank, lane, op_index: selectOp }]);
+  }
 }
 
 export async function runView(main, params, alive) {
@@ -116,9 +167,10 @@ export async function runView(main, params, alive) {
   const panel = el('section', { class: 'panel', id: 'details' });
   const collectives = el('section', {}, el('p', { class: 'muted' }, 'Matching collectives…'));
   main.append(el('h2', {}, name), el('p', { class: 'small' }, `${run.framework} · world size ${run.world_size} · determinism: ${settings}`),
-    rankTable, collectives, ops, panel);
+    rankTable, collectives, replicasSection(name, run, params), ops, panel);
   const rank = Number(params.get('rank') ?? run.ranks[0]?.rank ?? 0);
-  const opsDone = run.ranks.length ? opsList(ops, name, rank, panel) : Promise.resolve();
+  const op = params.has('op') ? Number(params.get('op')) : null;
+  const opsDone = run.ranks.length ? opsList(ops, name, rank, panel, 0, op) : Promise.resolve();
   try {
     // The cross-rank report: collectives, plus replicas when asked for.
     const ranks = await api(`runs/${encodeURIComponent(name)}/ranks`);

@@ -183,6 +183,35 @@ class RealTraining(ViewerTestCase):
         self.assertEqual(row.find_element(By.CSS_SELECTOR, ".link").text, "○")
         self.shot("trusted-details.png")
 
+    def test_replica_check_names_the_differing_replica_and_opens_its_op(self):
+        # Rank 1's copy of a reduced gradient is corrupted after the
+        # all-reduce at step 1: only the replica check sees it.
+        harness.train(self.site, self.daemon, "sdc", ranks=RANKS, steps=STEPS, fault="sdc:1:1")
+        group = self.daemon.cli_json("ranks", "sdc", "--replicas", "0,1")["replicas"][0]
+        first = group["first_divergence"]
+        self.assertEqual((group["status"], first["rank"], first["step"]), ("diverged", 1, 1))
+        self.open("/run", name="sdc", replicas="0,1")
+        shown = self.wait("#replicas .replica-group[data-status=diverged]")
+        self.assertIn(f"replicas 0, 1 · {group['compared_ops']:,} replicated op(s) compared", shown.text)
+        pivot = shown.find_element(By.CSS_SELECTOR, ".replica-pivot")
+        self.assertIn(f"rank 1 · step 1 · {first['op']} · train_gpt.py:{first['site']['suspect']['line']}",
+                      pivot.text)
+        self.shot("replicas.png")
+        # Its link opens rank 1's ops at that op, with its details.
+        pivot.find_element(By.TAG_NAME, "a").click()
+        row = self.wait(".vrow.selected")
+        self.assertIn(f"#{first['op_index']['suspect']} {first['op']}", row.text)
+        self.assertTrue(self.in_viewport(row))
+        self.assertIn("Rank 1", self.driver.find_element(By.CSS_SELECTOR, "#ops h3").text)
+        self.assertIn(first["op"], self.wait("#details table.details").text)
+        # Ranks that are not numbers: the daemon's one-line error.
+        field = self.driver.find_element(By.CSS_SELECTOR, "#replicas input[name=replicas]")
+        field.clear()
+        field.send_keys("0,x")
+        self.driver.find_element(By.CSS_SELECTOR, "#replicas button").click()
+        error = self.wait("#replicas .replica-result .error")
+        self.assertEqual(error.text, "replicas must be rank numbers separated by commas")
+
     def test_collectives_matrix_marks_the_desync(self):
         with self.assertRaisesRegex(AssertionError, harness.TIMEOUT_EXIT):
             harness.train(self.site, self.daemon, "desync", ranks=RANKS, steps=STEPS, fault="desync:1:1",
