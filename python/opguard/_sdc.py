@@ -105,13 +105,14 @@ def record(named_state):
     Returns how many were recorded."""
     import torch
     names, flat, counts = [], [], []
-    for label, tensors in named_state:
-        # A DTensor (or another subclass) is recorded by its local part: the
-        # bytes this rank holds.
-        local = [t.to_local() if hasattr(t, "to_local") else t for t in tensors]
-        names.append(f"opguard::replica_state[{label}]")
-        flat.extend(t.detach() for t in local)
-        counts.append(len(local))
+    with torch.no_grad():  # reading state builds no autograd graph
+        for label, tensors in named_state:
+            # A DTensor (or another subclass) is recorded by its local part:
+            # the bytes this rank holds.
+            local = [t.to_local() if hasattr(t, "to_local") else t for t in tensors]
+            names.append(f"opguard::replica_state[{label}]")
+            flat.extend(t.detach() for t in local)
+            counts.append(len(local))
     if not names:
         return 0
     recorded = int(torch.ops.opguard.replica_state(names, flat, counts))

@@ -430,7 +430,12 @@ TEST_F(AdapterTest, SdcModeRecordsOnlyReplicaState) {
       ASSERT_EQ(replica_state.size(), 2u) << log_;  // the explicit ones only
     } else {
       EXPECT_EQ(aten_ops, 0u) << log_;
-      ASSERT_EQ(replica_state.size(), 10u) << log_;
+      ASSERT_EQ(replica_state.size(), 11u) << log_;
+      // The DTensor parameter's op, last: its local 8 x 8 part.
+      EXPECT_EQ(replica_state.back().second, "opguard::replica_state[SGD:0.0]");
+      EXPECT_EQ(replica_state.back().first.outputs, 1u);
+      EXPECT_NE(replica_state.back().first.out_lo, 0u);
+      replica_state.pop_back();
       for (size_t i = 0; i < 8; ++i) {
         const auto& [op, name] = replica_state[i];
         EXPECT_EQ(name, "opguard::replica_state[Adam:0." + std::to_string(i % 4) + "]");

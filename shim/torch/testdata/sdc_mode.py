@@ -33,3 +33,23 @@ ema = torch.randn(16)
 assert opguard.record_replica_state({"ema": ema, "pair": (ema, ema * 2)}) == 2
 with opguard.paused():
     assert opguard.record_replica_state({"ema": ema}) == 0
+
+# A DTensor parameter (torch 2.x, a one-rank mesh) is recorded by its local
+# part: one more replica state op, "Adam:0.0" of its own optimizer.
+try:
+    from torch.distributed.tensor import Replicate, distribute_tensor
+except ImportError:
+    distribute_tensor = None
+if distribute_tensor is not None and _sdc.supported():
+    import os
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(20000 + os.getpid() % 20000))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    mesh = init_device_mesh("cpu", (1,))
+    weight = torch.nn.Parameter(distribute_tensor(torch.randn(8, 8), mesh, [Replicate()]))
+    dopt = torch.optim.SGD([weight], lr=0.1)
+    weight.sum().backward()
+    dopt.step()
+    dist.destroy_process_group()
