@@ -183,6 +183,21 @@ TEST(Render, PivotThatRanOtherKernelsSaysSo) {
       << text;
 }
 
+// Online SDC mode's replica state is a snapshot, not a computation: its pivot
+// (no inputs, so "inputs equal") is not blamed on the op.
+TEST(Render, ReplicaStatePivotIsNotBlamedOnTheOp) {
+  Fixture f;
+  f.strings.AddString(Id("op:C"), "opguard::replica_state[SGD:0.3]");
+  DiffReport rep = MergeRankDiffs({Sample(f)}, {3});
+  EXPECT_EQ(ToJson(rep)["first_divergence"]["op"], "opguard::replica_state[SGD:0.3]");
+  const std::string text = ToText(rep);
+  EXPECT_NE(text.find("replica state differs → this copy changed since the replicas last agreed: in "
+                      "memory, in the update that wrote it, or in what that update read\n"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("the op itself"), std::string::npos) << text;
+}
+
 TEST(Render, PivotKernelsSameOrRecordedInOneRunOnly) {
   Fixture same;
   SetPivotKernels(same, {"k1", "k2"}, {"k1", "k2"});
