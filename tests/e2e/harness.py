@@ -169,6 +169,17 @@ def _free_port():
         return s.getsockname()[1]
 
 
+def failure_text(result, head=8000, tail=4000):
+    """The failing rank's stderr for an assertion message: whole when short,
+    else its start and its end. A rank killed by a signal prints each
+    thread's native stack first (train_gpt.py turns c10's fatal-signal
+    handler on), the thread that took the signal at the top."""
+    text = result.failure
+    if len(text) <= head + tail:
+        return text
+    return f"{text[:head]}\n[... {len(text) - head - tail} characters ...]\n{text[-tail:]}"
+
+
 def run_ranks(cmd, ranks, env, timeout):
     """Runs `cmd` once per rank, as torchrun would start it (RANK,
     LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT in its environment;
@@ -235,7 +246,7 @@ def train(site, daemon, run, ranks=4, steps=3, fault="", launcher="ranks", extra
     if launcher == "ranks":
         result = run_ranks([site.python, script, *args], ranks, env, timeout)
         if result.returncode != 0:
-            raise AssertionError(f"training failed ({result.returncode}):\n{result.failure[-4000:]}")
+            raise AssertionError(f"training failed ({result.returncode}):\n{failure_text(result)}")
         return result
     if launcher == "spawn":
         cmd = [site.python, script, "--spawn", str(ranks), *args]

@@ -433,7 +433,7 @@ class Collectives(harness.DaemonTestCase):
         env = self.site.env(OPGUARD=1, OPGUARD_RUN=run, OPGUARD_ENDPOINT=self.daemon.ingest)
         result = harness.run_ranks([self.site.python, os.path.join(harness.HERE, script), out],
                                    2, env, timeout=300)
-        self.assertEqual(result.returncode, 0, f"{script}:\n{result.failure[-3000:]}")
+        self.assertEqual(result.returncode, 0, f"{script}:\n{harness.failure_text(result)}")
         return out
 
     def lane0(self, run, rank, lane=0):

@@ -38,7 +38,7 @@ class TrainingPatterns(harness.DaemonTestCase):
                                    ([fault] if fault else []),
                                    2, env, timeout=120 + 60 * len(patterns))
         what = f"{','.join(patterns)} {'under OpGuard' if run else 'without OpGuard'}"
-        self.assertEqual(result.returncode, 0, f"{what}:\n{result.failure[-3000:]}")
+        self.assertEqual(result.returncode, 0, f"{what}:\n{harness.failure_text(result)}")
         self.assertNotIn("opguard-torch warning", result.stderr)
         return result.stdout
 

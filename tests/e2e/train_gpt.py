@@ -52,6 +52,12 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+# A rank killed by a fatal signal (an abort in C++ code at exit, say) prints
+# the native stack of each of its threads (c10's handler), then Python's
+# fault handler its Python frames: what tells such an abort's origin.
+if hasattr(torch._C, "_set_print_stack_traces_on_fatal_signal"):
+    torch._C._set_print_stack_traces_on_fatal_signal(True)
+
 
 def free_port():
     """A TCP port nothing listens on now (the rendezvous port of a spawned
