@@ -92,7 +92,7 @@ def enable(depth=None):
         if _helper_of_recorder():
             return False
         import torch  # noqa: F401  (the adapter needs torch's libraries loaded)
-        from . import _autograd, _collectives, _compiled, _data, _determinism, _sdc, _trusted
+        from . import _autograd, _collectives, _compiled, _data, _determinism, _trusted
         shim, adapter = _load()
         depth = depth or os.environ.get("OPGUARD_DEPTH", "top")
         if depth not in ("top", "all"):
@@ -100,9 +100,8 @@ def enable(depth=None):
             return False
         if shim.opguard_init() != 1:
             return False
-        sdc = _sdc_mode(adapter)
-        if sdc:
-            return _enable_sdc(shim, adapter, depth, _autograd, _determinism, _sdc)
+        if _sdc_mode(adapter):
+            return _enable_sdc(shim, adapter, depth)
         _determinism.apply(shim)
         try:
             trusted = _trusted.parse(os.environ.get("OPGUARD_TRUSTED"))
@@ -112,19 +111,11 @@ def enable(depth=None):
         adapter.opguard_torch_set_trusted(",".join(trusted).encode())
         if trusted:
             shim.opguard_set_run_info(5, b"OPGUARD_TRUSTED", os.environ["OPGUARD_TRUSTED"].encode())
-        skip = _skip_prefixes()
         _collectives.install(shim, adapter)
         _data.install(adapter)
         _autograd.install(adapter)
         _compiled.install(enabled)
-        shim.opguard_set_run_info(1, b"", b"pytorch")
-        shim.opguard_set_run_info(3, b"torch", torch.__version__.encode())
-        shim.opguard_set_run_info(3, b"python", sys.version.split()[0].encode())
-        ok = adapter.opguard_torch_enable(1 if depth == "all" else 0, skip.encode()) == 1
-        _state["enabled"] = ok
-        if ok:
-            os.environ[_RECORDER_VARIABLE] = f"{os.getpid()}:{shim.opguard_rank()}"
-        return ok
+        return _start(shim, adapter, depth)
     except _native.TorchMismatch as e:
         _warn(f"{e}; training continues without recording")
         return False
@@ -153,12 +144,12 @@ def _sdc_mode(adapter):
     return True
 
 
-def _enable_sdc(shim, adapter, depth, _autograd, _determinism, _sdc):
+def _enable_sdc(shim, adapter, depth):
     """Online SDC mode (opguard/_sdc.py): no op, collective or data loader
     is observed; the optimizer's steps are, for their replica state and as
     step boundaries. The job's settings are left alone unless
     OPGUARD_DETERMINISM=on asks for determinism control."""
-    import torch
+    from . import _autograd, _determinism, _sdc
     if os.environ.get("OPGUARD_DETERMINISM") == "on":
         _determinism.apply(shim)
     else:
@@ -166,6 +157,12 @@ def _enable_sdc(shim, adapter, depth, _autograd, _determinism, _sdc):
     shim.opguard_set_run_info(5, b"OPGUARD_SDC", b"1")
     _autograd.install_optimizer_steps(adapter)
     _sdc.install(adapter)
+    return _start(shim, adapter, depth)
+
+
+def _start(shim, adapter, depth):
+    """The run's framework and versions, then the adapter: recording starts."""
+    import torch
     shim.opguard_set_run_info(1, b"", b"pytorch")
     shim.opguard_set_run_info(3, b"torch", torch.__version__.encode())
     shim.opguard_set_run_info(3, b"python", sys.version.split()[0].encode())
