@@ -156,7 +156,7 @@ def _enable_sdc(shim, adapter, depth):
         shim.opguard_set_run_info(4, b"mode", b"off (online SDC mode)")
     shim.opguard_set_run_info(5, b"OPGUARD_SDC", b"1")
     _autograd.install_optimizer_steps(adapter)
-    _sdc.install(adapter)
+    _sdc.install()
     return _start(shim, adapter, depth)
 
 

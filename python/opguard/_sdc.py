@@ -5,8 +5,8 @@ observed, so torch's RecordFunction machinery stays off and forward and
 backward run at full speed. After every torch.optim step, each parameter and
 its optimizer state (momentum, Adam's moments and step count) are
 fingerprinted, one replicated record per parameter named
-"opguard::replica_state[OPTIMIZER:NAME]" with those tensors as its outputs. Data-parallel replicas must hold
-identical bits there, so `opguard ranks RUN --replicas R0,R1,...` names the
+"opguard::replica_state[OPTIMIZER:NAME]" with those tensors as its outputs.
+Data-parallel replicas must hold identical bits there, so `opguard ranks RUN --replicas R0,R1,...` names the
 replica, and the step, whose state parted from the majority: memory, a
 device or a reduction that silently corrupted it. The job itself is left as
 it is (no determinism settings unless OPGUARD_DETERMINISM=on asks for them).
@@ -18,7 +18,7 @@ record in full mode instead, which compares replicas as well.
 import atexit
 import sys
 
-_state = {"adapter": None, "warned": False, "labels": {}, "recorded": 0}
+_state = {"installed": False, "warned": False, "labels": {}, "recorded": 0}
 
 
 def parse(value):
@@ -38,13 +38,13 @@ def supported():
     return hasattr(optimizer, "register_optimizer_step_post_hook")
 
 
-def install(adapter):
+def install():
     """Records every torch.optim optimizer's replica state after its step
     (once per process)."""
-    if _state["adapter"] is not None:
+    if _state["installed"]:
         return
     from torch.optim.optimizer import register_optimizer_step_post_hook
-    _state["adapter"] = adapter
+    _state["installed"] = True
     register_optimizer_step_post_hook(_after_step)
     atexit.register(_say_if_nothing_was_recorded)
 

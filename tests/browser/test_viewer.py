@@ -198,7 +198,7 @@ class RealTraining(ViewerTestCase):
                       pivot.text)
         self.shot("replicas.png")
         # Its link opens rank 1's ops at that op, with its details. The
-        # selected row is a placeholder until its page of ops arrives.
+        # selected row shows "…" (loading) until its page of ops arrives.
         pivot.find_element(By.TAG_NAME, "a").click()
         label = f"#{first['op_index']['suspect']} {first['op']}"
         WebDriverWait(self.driver, 60).until(lambda d: d.execute_script(
