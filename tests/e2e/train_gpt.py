@@ -59,6 +59,21 @@ if hasattr(torch._C, "_set_print_stack_traces_on_fatal_signal"):
     torch._C._set_print_stack_traces_on_fatal_signal(True)
 
 
+def before_process_groups():
+    """Imports torch._dynamo before any process group exists. In torch 2.x
+    its first import (torch.optim's first zero_grad or step makes it) takes
+    references to the groups that exist then, which destroy_process_group
+    does not drop: the groups and gloo's threads outlive it, into the
+    interpreter's finalization, where a gloo thread freeing a tensor that
+    Python made takes the GIL, is ended by Python and aborts the rank
+    ("terminate called without an active exception"; torch issues 117762
+    and 190489). Imported first, it holds none."""
+    try:
+        import torch._dynamo  # noqa: F401
+    except ImportError:  # torch 1.x
+        pass
+
+
 def free_port():
     """A TCP port nothing listens on now (the rendezvous port of a spawned
     job: a fixed or pid-derived one can collide with a concurrent test)."""
@@ -298,6 +313,7 @@ def run_rank(rank, world, args):
     os.environ.setdefault("WORLD_SIZE", str(world))
     if args.backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
+    before_process_groups()
     dist.init_process_group(args.backend, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=args.timeout))
     try:

@@ -21,6 +21,7 @@ pipeline, of the weight of the MLP's first Linear of the first block (of
 the second, stage 1's, for pipeline), each before the forward.
 """
 import datetime
+import gc
 import io
 import sys
 import threading
@@ -29,7 +30,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from train_gpt import TinyGPT, flip_bit_in_memory, spawn_ranks
+from train_gpt import TinyGPT, before_process_groups, flip_bit_in_memory, spawn_ranks
 
 PATTERNS = {
     "ddp_buckets": "DistributedDataParallel with several gradient buckets",
@@ -242,22 +243,29 @@ class Tokens(torch.utils.data.Dataset):
         return self.data[i]
 
 
-# The models trained, kept until the process group is destroyed: a DDP
-# model's reducer, freed while the group lives on, can hang as at exit (see
-# _communicated).
+# The models trained, kept to the end: on torch 1.13 a DDP model's reducer,
+# freed while the group lives on, can hang as at exit (see _communicated).
+# On torch 2.x they go before the group is destroyed, so that their
+# references to it do not keep it and gloo's threads alive into the
+# interpreter's finalization (see before_process_groups).
 _models = []
+TORCH_2 = int(torch.__version__.split(".")[0]) >= 2
 
 
 def run(rank, world, patterns, fault):
     """Trains each of `patterns` in turn in one process group (a job per
     pattern costs a torch import and a rendezvous per rank: most of the time
     of a 3-step job)."""
+    before_process_groups()
     dist.init_process_group("gloo", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=60))
     for pattern in patterns:
         train(rank, world, pattern, fault)
         dist.barrier()
     dist.barrier()  # gloo's threads take the GIL while this rank waits (see _communicated)
+    if TORCH_2:
+        _models.clear()
+        gc.collect()
     dist.destroy_process_group()
 
 

@@ -21,7 +21,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from train_gpt import spawn_ranks
+from train_gpt import before_process_groups, spawn_ranks
 
 FAULTS = {
     "attention_backward": "the attention's hand-written backward misses a transpose",
@@ -211,6 +211,7 @@ def average_gradients(model, world):
 
 def train(rank, world, steps, fault, variant):
     global PLAN
+    before_process_groups()
     dist.init_process_group("gloo", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=60))
     PLAN = Plan(fault, variant, rank)
