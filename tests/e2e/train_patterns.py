@@ -127,14 +127,24 @@ def functional_average(params, world, flip):
         offset += p.numel()
 
 
+def mesh_of_its_own(world):
+    """A 1-D mesh of every rank over a process group of its own. DTensor's
+    caches keep a mesh, and its group, alive past destroy_process_group; on
+    the default group (init_device_mesh's for such a mesh) that kept gloo's
+    threads running into the interpreter's finalization, where the last
+    works they free can abort the rank (see before_process_groups). This
+    group's works are long done by then."""
+    from torch.distributed.device_mesh import DeviceMesh
+    return DeviceMesh.from_group(dist.new_group(list(range(world))), "cpu")
+
+
 def tensor_parallel(core, world):
     """Each block's MLP on a 1-D mesh of every rank: its first Linear
     column-parallel (weight rows sharded), its second row-parallel (the
     partial sums all-reduced), as DTensors."""
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
                                                    parallelize_module)
-    mesh = init_device_mesh("cpu", (world,))
+    mesh = mesh_of_its_own(world)
     for block in core.blocks:
         parallelize_module(block.mlp, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
 
@@ -170,9 +180,8 @@ def fully_sharded(core, world):
     """FSDP2: every block, then the model, sharded over a 1-D mesh: the
     parameters are all-gathered before each forward and backward, the
     gradients reduce-scattered."""
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-    mesh = init_device_mesh("cpu", (world,))
+    mesh = mesh_of_its_own(world)
     for block in core.blocks:
         fully_shard(block, mesh=mesh)
     fully_shard(core, mesh=mesh)
