@@ -6,8 +6,9 @@ backward run at full speed. After every torch.optim step, each parameter and
 its optimizer state (momentum, Adam's moments and step count) are
 fingerprinted, one replicated record per parameter named
 "opguard::replica_state[OPTIMIZER:NAME]" with those tensors as its outputs.
-Data-parallel replicas must hold identical bits there, so `opguard ranks RUN --replicas R0,R1,...` names the
-replica, and the step, whose state parted from the majority: memory, a
+Data-parallel replicas must hold identical bits there, so
+`opguard ranks RUN --replicas R0,R1,...` names the replica, and the step,
+whose state parted from the majority: memory, a
 device or a reduction that silently corrupted it. The job itself is left as
 it is (no determinism settings unless OPGUARD_DETERMINISM=on asks for them).
 
