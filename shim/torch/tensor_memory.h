@@ -8,9 +8,11 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <iterator>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -29,6 +31,14 @@ namespace opguard::torch_adapter {
 // replaces whatever held its slot, which only costs a later miss. Nothing is
 // allocated per entry, and a whole step's entries are dropped by moving to
 // the next epoch.
+//
+// A weak reference to a freed storage still holds the storage object, a
+// small allocation among the freed tensors' large ones: thousands held
+// across the heap keep glibc from merging what the tensors free, and the
+// training's heap grew to four times its size without OpGuard
+// (docs/torch.md, "Memory"). So references to freed storages are let go
+// promptly: each Put looks at a few more slots in turn, and Clear lets go
+// of every one.
 class FingerprintCache {
  public:
   // Contiguous tensors are keyed by their bytes (`extent` = byte length),
@@ -74,6 +84,10 @@ class FingerprintCache {
   }
   void Put(const Key& key, Value value) {
     if (written_.size() >= 4096) Clear();
+    for (int i = 0; i < kSweptPerPut; ++i) {
+      auto& storage = slots_[sweep_++ & (kSlots - 1)].value.storage;
+      if (storage.expired()) storage.reset();
+    }
     Slot& slot = slots_[SlotOf(key)];
     slot.key = key;
     slot.value = std::move(value);
@@ -82,10 +96,11 @@ class FingerprintCache {
   }
   // A mark for Find: entries put from now on are at or after it.
   uint64_t Mark() { return ++generation_; }
-  // Drops every entry (their weak references go when their slots are reused).
+  // Drops every entry.
   void Clear() {
     ++epoch_;
     written_.clear();
+    for (Slot& slot : slots_) slot.value.storage.reset();
   }
   // The storage's bytes changed without a version bump: entries of it (any
   // view) put before now are stale. O(1); Find drops them lazily.
@@ -93,6 +108,10 @@ class FingerprintCache {
 
  private:
   static constexpr size_t kSlots = 4096;  // a power of two
+  // A step puts about as many entries as there are slots (the e2e model:
+  // ~2 000), so every slot is looked at within a step or two.
+  static constexpr int kSweptPerPut = 4;
+  size_t sweep_ = 0;
   struct Slot {
     Key key{};
     Value value{};
@@ -116,13 +135,16 @@ class FingerprintCache {
 
 // A set of storages, per thread. A storage found in the set is the one it
 // was added as: the weak reference keeps a reused address from matching a
-// new allocation. Bounded: a full set is emptied (Add says so).
+// new allocation. Freed storages are let go of as the set grows (see
+// FingerprintCache on why they must not be held). Bounded: a set full of
+// live storages is emptied (Add says so).
 class StorageSet {
  public:
   // True when the set was full and emptied before `t` was added.
   bool Add(const at::Tensor& t) {
     if (!t.defined() || !t.has_storage()) return false;
-    const bool emptied = map_.size() >= 4096;
+    if (map_.size() >= sweep_at_) DropFreed();
+    const bool emptied = map_.size() >= kMax;
     if (emptied) Clear();
     const c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
     map_.insert_or_assign(storage, t.storage().getWeakStorageImpl());
@@ -144,6 +166,17 @@ class StorageSet {
   }
 
  private:
+  static constexpr size_t kMax = 4096;
+  // Sweeps when the set has doubled since the last one left it: amortized
+  // O(1) per Add.
+  void DropFreed() {
+    for (auto it = map_.begin(); it != map_.end();) {
+      it = it->second.expired() ? map_.erase(it) : std::next(it);
+    }
+    sweep_at_ = std::max<size_t>(kFirstSweep, 2 * map_.size());
+  }
+  static constexpr size_t kFirstSweep = 64;
+  size_t sweep_at_ = kFirstSweep;
   static constexpr size_t kFilterBits = 1u << 15;
   static size_t FilterBit(const c10::StorageImpl* storage) {
     return (reinterpret_cast<uintptr_t>(storage) * 0x9E3779B97F4A7C15ull >> 40) % kFilterBits;
