@@ -28,8 +28,8 @@ inline bool HoldsNoData(const at::Tensor& t) {
 // stores its shape in `shapes` at `*shape`; false if it has no host bytes
 // OpGuard can read. `cached_since`: a fingerprint cached for the same bytes
 // may be used if it was put at or after that cache mark (FingerprintCache::
-// Mark; 0: any, kHashBytes: none, the bytes are read). `may_defer`: the bytes are final (an op's output at its end), so a
-// large tensor may be hashed off this thread (async_fingerprints.h) and
+// Mark; 0: any, kHashBytes: none, the bytes are read). `may_defer`: the bytes are final (an op's
+// output at its end), so a large tensor may be hashed off this thread (async_fingerprints.h) and
 // `out` be a pending fingerprint.
 bool FingerprintTensor(const at::Tensor& t, ThreadState& ts, Shapes& shapes, opguard_tensor* out,
                        Shapes::At* shape, uint64_t cached_since = 0, bool may_defer = false);
@@ -65,7 +65,7 @@ void ForgetTensors(const c10::IValue& v, ThreadState& ts);
 inline void BeginCacheStep(ThreadState& ts) {
   const uint64_t step = CurrentStep();
   if (ts.cache_step != step) {
-    ts.cache.Clear();
+    ts.cache.NewStep();
     ts.cache_step = step;
   }
 }

@@ -59,7 +59,7 @@ TEST(FingerprintCacheTest, PutsLetGoOfFreedStorages) {
       << "a live storage's entry was dropped";
 }
 
-TEST(FingerprintCacheTest, ClearLetsGoOfEveryStorage) {
+TEST(FingerprintCacheTest, NewStepLetsGoOfEveryStorage) {
   FingerprintCache cache;
   at::Tensor live = at::ones({16});
   c10::weak_intrusive_ptr<c10::StorageImpl> freed(c10::intrusive_ptr<c10::StorageImpl>{});
@@ -71,10 +71,23 @@ TEST(FingerprintCacheTest, ClearLetsGoOfEveryStorage) {
   cache.Put(KeyOf(live), ValueOf(live));
   auto held = live.storage().getWeakStorageImpl();
   ASSERT_EQ(OtherWeakRefs(held), 1u);
-  cache.Clear();
+  cache.NewStep();
   EXPECT_EQ(OtherWeakRefs(freed), 0u);
   EXPECT_EQ(OtherWeakRefs(held), 0u);
   EXPECT_EQ(cache.Find(KeyOf(live), live.storage().unsafeGetStorageImpl()), nullptr);
+}
+
+// Clear (per op inside compiled code) drops the entries at once and leaves
+// the references to Put's sweep.
+TEST(FingerprintCacheTest, ClearDropsEveryEntry) {
+  FingerprintCache cache;
+  at::Tensor live = at::ones({16});
+  cache.Put(KeyOf(live), ValueOf(live));
+  ASSERT_NE(cache.Find(KeyOf(live), live.storage().unsafeGetStorageImpl()), nullptr);
+  cache.Clear();
+  EXPECT_EQ(cache.Find(KeyOf(live), live.storage().unsafeGetStorageImpl()), nullptr);
+  cache.Put(KeyOf(live), ValueOf(live));
+  EXPECT_NE(cache.Find(KeyOf(live), live.storage().unsafeGetStorageImpl()), nullptr);
 }
 
 TEST(StorageSetTest, FreedStoragesLeaveTheSetAsItGrows) {
