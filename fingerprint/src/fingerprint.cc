@@ -714,8 +714,9 @@ void StatsTileAvx2(DType d, const uint8_t* p, uint64_t len, TileFloat* f, TileIn
 // Avx2Float32Tile with FloatAcc8's eight slots of sum and l2 in one register
 // each: the same additions in the same order per slot, half the
 // instructions. A group with a non-finite value goes through FloatAcc8::Add
-// (what Add4 computes), with the register slots spilled around it.
-inline TileFloat Avx512Float32Tile(const uint8_t* p, uint64_t n) {
+// (what Add4 computes), with the register slots spilled around it. Groups
+// are added in element order (Group), then Finish adds the rest.
+struct Avx512Float32Stats {
   FloatAcc8 acc;
   __m512d s = _mm512_loadu_pd(acc.s), q = _mm512_loadu_pd(acc.q);
   __m512d mn_d = _mm512_loadu_pd(acc.mn), mx_d = _mm512_loadu_pd(acc.mx);
@@ -723,17 +724,29 @@ inline TileFloat Avx512Float32Tile(const uint8_t* p, uint64_t n) {
   const __m256 inf = _mm256_set1_ps(std::numeric_limits<float>::infinity());
   const __m256 neg_inf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
   __m256 mn = inf, mx = neg_inf;
+
+  // Declared, so that it is compiled for this target (an implicit one is not).
+  Avx512Float32Stats() {}
+  Avx512Float32Stats(const Avx512Float32Stats&) = delete;
+
   // Float min/max folded into the double slots, newer values second (see
   // Avx2Float32Tile).
-  auto fold = [&] {
+  void Fold() {
     mn_d = _mm512_min_pd(mn_d, _mm512_cvtps_pd(mn));
     mx_d = _mm512_max_pd(mx_d, _mm512_cvtps_pd(mx));
     mn = inf;
     mx = neg_inf;
-  };
-  uint64_t e = 0;
-  for (; e + 8 <= n; e += 8) {
-    const __m256 f = _mm256_loadu_ps(reinterpret_cast<const float*>(p + e * 4));
+  }
+  void Spill() {
+    Fold();
+    _mm512_storeu_pd(acc.s, s);
+    _mm512_storeu_pd(acc.q, q);
+    _mm512_storeu_pd(acc.mn, mn_d);
+    _mm512_storeu_pd(acc.mx, mx_d);
+  }
+  // Elements e..e+7 of the tile, at `p` (e a multiple of 8: slots 0..7).
+  void Group(const uint8_t* p) {
+    const __m256 f = _mm256_loadu_ps(reinterpret_cast<const float*>(p));
     const __m256 finite = _mm256_cmp_ps(_mm256_andnot_ps(sign, f), inf, _CMP_LT_OQ);
     if (_mm256_movemask_ps(finite) == 0xFF) {
       const __m512d v = _mm512_cvtps_pd(f);
@@ -742,14 +755,10 @@ inline TileFloat Avx512Float32Tile(const uint8_t* p, uint64_t n) {
       s = _mm512_add_pd(s, v);
       q = _mm512_add_pd(q, _mm512_mul_pd(v, v));
     } else {
-      fold();
-      _mm512_storeu_pd(acc.s, s);
-      _mm512_storeu_pd(acc.q, q);
-      _mm512_storeu_pd(acc.mn, mn_d);
-      _mm512_storeu_pd(acc.mx, mx_d);
+      Spill();
       for (uint64_t j = 0; j < 8; ++j) {
         float v;
-        std::memcpy(&v, p + (e + j) * 4, 4);
+        std::memcpy(&v, p + j * 4, 4);
         acc.Add(j, static_cast<double>(v));
       }
       s = _mm512_loadu_pd(acc.s);
@@ -758,17 +767,75 @@ inline TileFloat Avx512Float32Tile(const uint8_t* p, uint64_t n) {
       mx_d = _mm512_loadu_pd(acc.mx);
     }
   }
-  fold();
-  _mm512_storeu_pd(acc.s, s);
-  _mm512_storeu_pd(acc.q, q);
-  _mm512_storeu_pd(acc.mn, mn_d);
-  _mm512_storeu_pd(acc.mx, mx_d);
-  for (; e < n; ++e) {
-    float v;
-    std::memcpy(&v, p + e * 4, 4);
-    acc.Add(e % 8, static_cast<double>(v));
+  // Adds elements e..n-1 of the tile at `tile` (e a multiple of 8) and
+  // returns the tile's statistics.
+  TileFloat Finish(const uint8_t* tile, uint64_t e, uint64_t n) {
+    for (; e + 8 <= n; e += 8) Group(tile + e * 4);
+    Spill();
+    for (; e < n; ++e) {
+      float v;
+      std::memcpy(&v, tile + e * 4, 4);
+      acc.Add(e % 8, static_cast<double>(v));
+    }
+    return acc.Finish(n);
   }
-  return acc.Finish(n);
+};
+
+inline TileFloat Avx512Float32Tile(const uint8_t* p, uint64_t n) {
+  Avx512Float32Stats stats;
+  return stats.Finish(p, 0, n);
+}
+
+// HashBytes and Avx512Float32Tile in one pass over a float32 tile at stream
+// byte `offset` (a multiple of 64, so that blocks start on 16-element
+// groups): each 64 bytes loaded feed the hash's terms and two statistics
+// groups. The statistics' add chains (one dependent add per eight elements,
+// in a fixed order) and the hash's multiplies then overlap, where two passes
+// ran one after the other (fingerprint_bench, TrainingFloats). Same terms,
+// same additions in the same order: the same bits as the two passes.
+void HashAndStatsFloat32Avx512(const uint8_t* p, uint64_t offset, uint64_t len,
+                               spec::Lanes& lanes, TileFloat* f) {
+  const uint8_t* const tile = p;
+  Avx512Float32Stats stats;
+  uint64_t word = offset / 8;
+  const uint64_t end = word + len / 8;
+  __m512i acc_a0 = _mm512_setzero_si512(), acc_a1 = _mm512_setzero_si512();
+  __m512i acc_b0 = _mm512_setzero_si512(), acc_b1 = _mm512_setzero_si512();
+  uint64_t a0 = 0, a1 = 0;
+  while (word < end) {
+    const BlockSpan span = SpanAt(word, end);
+    uint32_t i = span.index;
+    const __m512i ka = _mm512_set1_epi64(static_cast<int64_t>(span.keys.a));
+    const __m512i kb = _mm512_set1_epi64(static_cast<int64_t>(span.keys.b));
+    for (; word + 16 <= span.end; word += 16, i += 16, p += 128) {
+      Add8Words(_mm512_loadu_si512(p), i, ka, kb, acc_a0, acc_b0);
+      Add8Words(_mm512_loadu_si512(p + 64), i + 8, ka, kb, acc_a1, acc_b1);
+      stats.Group(p);
+      stats.Group(p + 32);
+      stats.Group(p + 64);
+      stats.Group(p + 96);
+    }
+    for (; word + 8 <= span.end; word += 8, i += 8, p += 64) {
+      Add8Words(_mm512_loadu_si512(p), i, ka, kb, acc_a0, acc_b0);
+      stats.Group(p);
+      stats.Group(p + 32);
+    }
+    if (word < span.end) {
+      // The stream's last words: their elements are added by Finish below.
+      const uint64_t grouped = static_cast<uint64_t>(p - tile) / 4;
+      AddWordsOneByOne(p, word, span, i, a0, a1);
+      p = tile + grouped * 4;
+      break;
+    }
+  }
+  lanes.a0 += a0 + static_cast<uint64_t>(_mm512_reduce_add_epi64(_mm512_add_epi64(acc_a0, acc_a1)));
+  lanes.a1 += a1 + static_cast<uint64_t>(_mm512_reduce_add_epi64(_mm512_add_epi64(acc_b0, acc_b1)));
+  if (const uint64_t rest = len % 8) {
+    uint64_t w = 0;
+    std::memcpy(&w, tile + len / 8 * 8, rest);
+    spec::AddWord(lanes, w, end);
+  }
+  *f = stats.Finish(tile, static_cast<uint64_t>(p - tile) / 4, len / 4);
 }
 
 void StatsTileAvx512(DType d, const uint8_t* p, uint64_t len, TileFloat* f, TileInt* i) {
@@ -872,6 +939,10 @@ Fingerprint FingerprintHostWith(const TensorView& tensor, const HostOptions& opt
                           : hash == HashWordsAvx2 ? StatsTileAvx2
                                                   : StatsTileScalar;
   const bool floating = IsFloating(tensor.dtype);
+  // Tiles start on 64-byte stream offsets (HashAndStatsFloat32Avx512).
+  const bool fused_float32 =
+      hash == HashWordsAvx512 && options.stats && tile % 64 == 0 &&
+      (tensor.dtype == DType::kFloat32 || tensor.dtype == DType::kComplex64);
 
   int threads = options.threads;
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -903,11 +974,15 @@ Fingerprint FingerprintHostWith(const TensorView& tensor, const HostOptions& opt
         Gather(tensor, offset, len, gathered.data());
         p = gathered.data();
       }
-      HashBytes(hash, p, offset, len, part.lanes);
-      if (!options.stats) continue;
       TileFloat f;
       TileInt i;
-      stats_tile(tensor.dtype, p, len, &f, &i);
+      if (fused_float32) {
+        HashAndStatsFloat32Avx512(p, offset, len, part.lanes, &f);
+      } else {
+        HashBytes(hash, p, offset, len, part.lanes);
+        if (!options.stats) continue;
+        stats_tile(tensor.dtype, p, len, &f, &i);
+      }
       if (floating) {
         MergeFloatCounts(part.f, f);
         if (threads > 1) {
