@@ -793,8 +793,8 @@ inline TileFloat Avx512Float32Tile(const uint8_t* p, uint64_t n) {
 // in a fixed order) and the hash's multiplies then overlap, where two passes
 // ran one after the other (fingerprint_bench, TrainingFloats). Same terms,
 // same additions in the same order: the same bits as the two passes.
-void HashAndStatsFloat32Avx512(const uint8_t* p, uint64_t offset, uint64_t len,
-                               spec::Lanes& lanes, TileFloat* f) {
+void HashAndStatsFloat32Avx512(const uint8_t* p, uint64_t offset, uint64_t len, spec::Lanes& lanes,
+                               TileFloat* f) {
   const uint8_t* const tile = p;
   Avx512Float32Stats stats;
   uint64_t word = offset / 8;
@@ -940,9 +940,8 @@ Fingerprint FingerprintHostWith(const TensorView& tensor, const HostOptions& opt
                                                   : StatsTileScalar;
   const bool floating = IsFloating(tensor.dtype);
   // Tiles start on 64-byte stream offsets (HashAndStatsFloat32Avx512).
-  const bool fused_float32 =
-      hash == HashWordsAvx512 && options.stats && tile % 64 == 0 &&
-      (tensor.dtype == DType::kFloat32 || tensor.dtype == DType::kComplex64);
+  const bool fused_float32 = hash == HashWordsAvx512 && options.stats && tile % 64 == 0 &&
+                             (tensor.dtype == DType::kFloat32 || tensor.dtype == DType::kComplex64);
 
   int threads = options.threads;
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
