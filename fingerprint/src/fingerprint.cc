@@ -328,8 +328,12 @@ __attribute__((target("avx512f"))) inline void Add8Words(__m512i w, uint32_t k, 
 // HashWordsAvx2 with eight words per register: the same terms, added in
 // another order (addition mod 2^64 commutes), about twice the bytes per
 // cycle where the CPU has AVX-512 (the bench: fingerprint_bench).
-__attribute__((target("avx512f"))) void HashWordsAvx512(const uint8_t* p, uint64_t first_word,
-                                                       uint64_t nwords, spec::Lanes& lanes) {
+// `visit(chunk)` sees each 64 bytes hashed eight words at a time, in stream
+// order, for a pass that does more with them (HashAndStatsFloat32Avx512);
+// the words hashed one by one (a span's last, short of eight) are not seen.
+template <typename Visit>
+__attribute__((target("avx512f"), always_inline)) inline void HashWordsAvx512Visiting(
+    const uint8_t* p, uint64_t first_word, uint64_t nwords, spec::Lanes& lanes, Visit visit) {
   uint64_t word = first_word;
   const uint64_t end = first_word + nwords;
   // Two accumulators per lane keep two independent add chains in flight.
@@ -345,14 +349,22 @@ __attribute__((target("avx512f"))) void HashWordsAvx512(const uint8_t* p, uint64
     for (; word + 16 <= block_end; word += 16, i += 16, p += 128) {
       Add8Words(_mm512_loadu_si512(p), i, ka, kb, acc_a0, acc_b0);
       Add8Words(_mm512_loadu_si512(p + 64), i + 8, ka, kb, acc_a1, acc_b1);
+      visit(p);
+      visit(p + 64);
     }
     for (; word + 8 <= block_end; word += 8, i += 8, p += 64) {
       Add8Words(_mm512_loadu_si512(p), i, ka, kb, acc_a0, acc_b0);
+      visit(p);
     }
     AddWordsOneByOne(p, word, span, i, a0, a1);
   }
   lanes.a0 += a0 + static_cast<uint64_t>(_mm512_reduce_add_epi64(_mm512_add_epi64(acc_a0, acc_a1)));
   lanes.a1 += a1 + static_cast<uint64_t>(_mm512_reduce_add_epi64(_mm512_add_epi64(acc_b0, acc_b1)));
+}
+
+__attribute__((target("avx512f"))) void HashWordsAvx512(const uint8_t* p, uint64_t first_word,
+                                                        uint64_t nwords, spec::Lanes& lanes) {
+  HashWordsAvx512Visiting(p, first_word, nwords, lanes, [](const uint8_t*) {});
 }
 
 #if defined(__GNUC__) && !defined(__clang__)
@@ -370,17 +382,23 @@ HashFn SelectHash(Isa isa) {
   return HashWordsScalar;
 }
 
+// Adds the zero-padded last word of the stream [offset, offset + len) held at
+// `p`, when `len` ends mid-word (HashBytes).
+inline void AddPartialLastWord(const uint8_t* p, uint64_t offset, uint64_t len,
+                               spec::Lanes& lanes) {
+  if (const uint64_t rest = len % 8) {
+    uint64_t w = 0;
+    std::memcpy(&w, p + len / 8 * 8, rest);
+    spec::AddWord(lanes, w, offset / 8 + len / 8);
+  }
+}
+
 // Hashes the bytes [offset, offset + len) of the logical stream, held at `p`.
 // `offset` is a multiple of 8; `len` may end mid-word only at the end of the
 // stream (the zero-padded last word).
 void HashBytes(HashFn hash, const uint8_t* p, uint64_t offset, uint64_t len, spec::Lanes& lanes) {
-  const uint64_t full = len / 8;
-  hash(p, offset / 8, full, lanes);
-  if (const uint64_t rest = len % 8) {
-    uint64_t w = 0;
-    std::memcpy(&w, p + full * 8, rest);
-    spec::AddWord(lanes, w, offset / 8 + full);
-  }
+  hash(p, offset / 8, len / 8, lanes);
+  AddPartialLastWord(p, offset, len, lanes);
 }
 
 // ---- statistics -----------------------------------------------------------------
@@ -787,55 +805,26 @@ inline TileFloat Avx512Float32Tile(const uint8_t* p, uint64_t n) {
 }
 
 // HashBytes and Avx512Float32Tile in one pass over a float32 tile at stream
-// byte `offset` (a multiple of 64, so that blocks start on 16-element
-// groups): each 64 bytes loaded feed the hash's terms and two statistics
-// groups. The statistics' add chains (one dependent add per eight elements,
-// in a fixed order) and the hash's multiplies then overlap, where two passes
-// ran one after the other (fingerprint_bench, TrainingFloats). Same terms,
-// same additions in the same order: the same bits as the two passes.
+// byte `offset` (a multiple of 64: blocks then start on 16-element groups,
+// so only the stream's last words are hashed one by one): each 64 bytes
+// loaded feed the hash's terms and two statistics groups. The statistics'
+// add chains (one dependent add per eight elements, in a fixed order) and
+// the hash's multiplies then overlap, where two passes ran one after the
+// other (fingerprint_bench, TrainingFloats). Same terms, same additions in
+// the same order: the same bits as the two passes.
 void HashAndStatsFloat32Avx512(const uint8_t* p, uint64_t offset, uint64_t len, spec::Lanes& lanes,
                                TileFloat* f) {
-  const uint8_t* const tile = p;
   Avx512Float32Stats stats;
-  uint64_t word = offset / 8;
-  const uint64_t end = word + len / 8;
-  __m512i acc_a0 = _mm512_setzero_si512(), acc_a1 = _mm512_setzero_si512();
-  __m512i acc_b0 = _mm512_setzero_si512(), acc_b1 = _mm512_setzero_si512();
-  uint64_t a0 = 0, a1 = 0;
-  while (word < end) {
-    const BlockSpan span = SpanAt(word, end);
-    uint32_t i = span.index;
-    const __m512i ka = _mm512_set1_epi64(static_cast<int64_t>(span.keys.a));
-    const __m512i kb = _mm512_set1_epi64(static_cast<int64_t>(span.keys.b));
-    for (; word + 16 <= span.end; word += 16, i += 16, p += 128) {
-      Add8Words(_mm512_loadu_si512(p), i, ka, kb, acc_a0, acc_b0);
-      Add8Words(_mm512_loadu_si512(p + 64), i + 8, ka, kb, acc_a1, acc_b1);
-      stats.Group(p);
-      stats.Group(p + 32);
-      stats.Group(p + 64);
-      stats.Group(p + 96);
-    }
-    for (; word + 8 <= span.end; word += 8, i += 8, p += 64) {
-      Add8Words(_mm512_loadu_si512(p), i, ka, kb, acc_a0, acc_b0);
-      stats.Group(p);
-      stats.Group(p + 32);
-    }
-    if (word < span.end) {
-      // The stream's last words: their elements are added by Finish below.
-      const uint64_t grouped = static_cast<uint64_t>(p - tile) / 4;
-      AddWordsOneByOne(p, word, span, i, a0, a1);
-      p = tile + grouped * 4;
-      break;
-    }
-  }
-  lanes.a0 += a0 + static_cast<uint64_t>(_mm512_reduce_add_epi64(_mm512_add_epi64(acc_a0, acc_a1)));
-  lanes.a1 += a1 + static_cast<uint64_t>(_mm512_reduce_add_epi64(_mm512_add_epi64(acc_b0, acc_b1)));
-  if (const uint64_t rest = len % 8) {
-    uint64_t w = 0;
-    std::memcpy(&w, tile + len / 8 * 8, rest);
-    spec::AddWord(lanes, w, end);
-  }
-  *f = stats.Finish(tile, static_cast<uint64_t>(p - tile) / 4, len / 4);
+  uint64_t grouped = 0;  // elements from `p` on that went through stats.Group
+  // Everything inlined into this one function, so that the statistics'
+  // registers stay registers.
+  HashWordsAvx512Visiting(p, offset / 8, len / 8, lanes, [&](const uint8_t* chunk) {
+    stats.Group(chunk);
+    stats.Group(chunk + 32);
+    grouped += 16;
+  });
+  AddPartialLastWord(p, offset, len, lanes);
+  *f = stats.Finish(p, grouped, len / 4);
 }
 
 void StatsTileAvx512(DType d, const uint8_t* p, uint64_t len, TileFloat* f, TileInt* i) {
