@@ -64,25 +64,31 @@ void BM_XXH3_128(benchmark::State& state) {
 }
 #endif
 
-// range(1): threads (0 = all cores); range(2): 1 = with statistics (fp32),
-// 0 = digest only; range(3): the path, 0 = the widest the CPU runs
-// (AVX-512 where it has it), 1 = scalar, 2 = AVX2.
-void BM_Fingerprint(benchmark::State& state) {
-  const int64_t size = state.range(0);
-  const uint8_t* src = Buffer(size);
+// Fingerprints `size` bytes at `src` as float32 for as long as `state`
+// asks. `isa`: 0 = the widest path the CPU runs (AVX-512 where it has it),
+// 1 = scalar, 2 = AVX2.
+void FingerprintLoop(benchmark::State& state, const uint8_t* src, int64_t size, int threads,
+                     bool stats, int64_t isa) {
   const int64_t shape[] = {size / 4};
   opguard::fingerprint::internal::HostOptions o;
-  o.threads = static_cast<int>(state.range(1));
-  o.stats = state.range(2) != 0;
+  o.threads = threads;
+  o.stats = stats;
   using opguard::fingerprint::internal::Isa;
   constexpr Isa kIsas[] = {Isa::kAuto, Isa::kScalar, Isa::kAvx2};
-  o.isa = kIsas[state.range(3)];
+  o.isa = kIsas[isa];
   for (auto _ : state) {
     auto f =
         opguard::fingerprint::internal::FingerprintHostWith({src, DType::kFloat32, shape, {}}, o);
     benchmark::DoNotOptimize(f);
   }
   state.SetBytesProcessed(state.iterations() * size);
+}
+
+// range(0): bytes of random bits; range(1): threads (0 = all cores);
+// range(2): 1 = with statistics (fp32), 0 = digest only; range(3): the path.
+void BM_Fingerprint(benchmark::State& state) {
+  FingerprintLoop(state, Buffer(state.range(0)), state.range(0), static_cast<int>(state.range(1)),
+                  state.range(2) != 0, state.range(3));
 }
 
 // Finite float32 values of a training tensor's magnitudes (the random bits
@@ -104,20 +110,8 @@ const uint8_t* TrainingFloats(int64_t size) {
 }
 
 void BM_FingerprintTrainingFloats(benchmark::State& state) {
-  const int64_t size = state.range(0);
-  const uint8_t* src = TrainingFloats(size);
-  const int64_t shape[] = {size / 4};
-  opguard::fingerprint::internal::HostOptions o;
-  o.stats = state.range(1) != 0;
-  using opguard::fingerprint::internal::Isa;
-  constexpr Isa kIsas[] = {Isa::kAuto, Isa::kScalar, Isa::kAvx2};
-  o.isa = kIsas[state.range(2)];
-  for (auto _ : state) {
-    auto f =
-        opguard::fingerprint::internal::FingerprintHostWith({src, DType::kFloat32, shape, {}}, o);
-    benchmark::DoNotOptimize(f);
-  }
-  state.SetBytesProcessed(state.iterations() * size);
+  FingerprintLoop(state, TrainingFloats(state.range(0)), state.range(0), /*threads=*/1,
+                  state.range(1) != 0, state.range(2));
 }
 
 void TrainingArgs(benchmark::internal::Benchmark* b) {
