@@ -94,12 +94,18 @@ PendingStorages& Pending() { return State().pending; }
 void Release(void* context) {
   auto* held = static_cast<Held*>(context);
   AsyncState& state = State();
+  // Read before `held` is published: from then on a recording thread's
+  // DropFinished may delete it. (Read after, from freed memory, it once
+  // decremented another storage's count and left this one pending for good:
+  // every later write to a storage at that address waited out Wait's
+  // deadline, after ~30 000 steps of a d_model 256 run.)
+  const c10::StorageImpl* storage = held->storage;
   {
     std::lock_guard<std::mutex> lock(state.finished_mu);
     state.finished.push_back(held);
     state.finished_count.fetch_add(1, std::memory_order_release);
   }
-  state.pending.Done(held->storage);
+  state.pending.Done(storage);
 }
 
 void DropFinished() {
