@@ -33,11 +33,18 @@ function summary(report) {
     lines.push(el('p', {}, `aligned ${report.aligned.toLocaleString('en')} ops · unaligned before the pivot: ` +
       `reference ${report.unaligned_before.reference}, suspect ${report.unaligned_before.suspect}`));
     const p = fd.producer;
-    lines.push(el('p', { id: 'evidence' }, fd.inputs_equal
+    lines.push(el('p', { id: 'evidence' }, fd.code_changed
+      ? `the code here differs between the runs (reference ${siteText(fd.site.reference)}, ` +
+        `suspect ${siteText(fd.site.suspect)}), output differs → the edit`
+      : fd.inputs_equal
       ? 'inputs identical, output differs → the op itself (kernel race, SDC, wrong code)'
       : p ? `inputs differ → an input comes from #${p.op.op_index} ${p.op.op} (${siteText(p.op.site)}) of the ${p.run} run, ` +
             `which has no partner in the ${p.run === 'suspect' ? 'reference' : 'suspect'}`
         : 'inputs differ → a producer upstream that was not recorded (or not aligned) changed them'));
+  }
+  if (report.diagnosis) {
+    const d = report.diagnosis;
+    lines.push(el('p', { id: 'diagnosis' }, `diagnosis (${d.cause}): ${d.text}` + (d.spread ? ` ${d.spread}` : '')));
   }
   for (const note of report.notes) lines.push(el('p', { class: 'small muted' }, note));
   return el('section', { class: 'summary', id: 'summary' }, lines);

@@ -409,7 +409,12 @@ class LaneAligner {
   // structure would report), takes the suspect op nearest its expected
   // position (within rescue_distance) that has its name and inputs and is
   // itself unpaired or in such a pair; the partners it displaces are left to
-  // PairChangedSites. A pair that agrees on its inputs or on its outputs is
+  // PairChangedSites. Loops over parameters issue one op on same-shaped
+  // tensors from one line, and a benign change nearby (a gradient-norm log
+  // over every parameter, other FSDP splits) shifts the structural pairs by
+  // hundreds of such ops: a pair that disagrees finds its partner further
+  // away, out to max_lookahead ops, in an index of the suspect's ops by name
+  // and inputs. A pair that agrees on its inputs or on its outputs is
   // never undone (in-place initialisers read uninitialised memory: their
   // inputs differ from run to run, their outputs do not).
   // The scan stops at the first pair it cannot repair whose outputs differ:
@@ -455,7 +460,36 @@ class LaneAligner {
       index();
       return of_s[q] == kNone || disagree(static_cast<size_t>(of_s[q]), q);
     };
-    const int64_t reach = o_.rescue_distance;
+    const int64_t reach = std::max<int64_t>(o_.rescue_distance, o_.max_lookahead);
+    // Suspect positions by (name, inputs), ascending; built when a pair first
+    // looks past rescue_distance. Each look-up tries at most kFarCandidates
+    // of them, so a computation repeated everywhere costs O(1) per op.
+    constexpr int kFarCandidates = 256;
+    std::unordered_map<uint64_t, std::vector<uint32_t>> by_computation;
+    auto computation = [](const OpEvent& e) { return Mix64(e.name ^ Mix64(e.inputs.lo ^ Mix64(e.inputs.hi))); };
+    auto nearest_same_computation = [&](size_t r, int64_t expected, int64_t paired) -> int64_t {
+      if (by_computation.empty()) {
+        for (size_t q = 0; q < m; ++q) {
+          if (!s_[q].nondeterministic()) by_computation[computation(s_[q])].push_back(static_cast<uint32_t>(q));
+        }
+      }
+      auto it = by_computation.find(computation(r_[r]));
+      if (it == by_computation.end()) return kNone;
+      const std::vector<uint32_t>& at = it->second;
+      // Walk outwards from the expected position, nearest first.
+      auto hi = std::lower_bound(at.begin(), at.end(), static_cast<uint32_t>(std::max<int64_t>(expected, 0)));
+      auto lo = hi;
+      for (int tried = 0; tried < kFarCandidates && (lo != at.begin() || hi != at.end()); ++tried) {
+        const int64_t below = lo != at.begin() ? expected - *(lo - 1) : std::numeric_limits<int64_t>::max();
+        const int64_t above = hi != at.end() ? *hi - expected : std::numeric_limits<int64_t>::max();
+        const int64_t q = below <= above ? *--lo : *hi++;
+        if (std::min(below, above) > reach) break;
+        if (q != paired && same_computation(r, static_cast<size_t>(q)) && repairable(static_cast<size_t>(q))) {
+          return q;
+        }
+      }
+      return kNone;
+    };
     int64_t last_r = -1, last_s = -1;  // the latest pair met, for expected positions
     uint64_t repaired = 0;
     for (size_t r = 0; r < n; ++r) {
@@ -470,7 +504,7 @@ class LaneAligner {
                                : last_s >= 0   ? last_s + (static_cast<int64_t>(r) - last_r)
                                                : static_cast<int64_t>(r);
       int64_t best = kNone;
-      for (int64_t d = 0; d <= reach && best == kNone; ++d) {
+      for (int64_t d = 0; d <= o_.rescue_distance && best == kNone; ++d) {
         for (int64_t q : {expected - d, expected + d}) {
           if (q >= 0 && q < static_cast<int64_t>(m) && q != paired &&
               same_computation(r, static_cast<size_t>(q)) && repairable(static_cast<size_t>(q))) {
@@ -479,6 +513,11 @@ class LaneAligner {
           }
         }
       }
+      // A pair that disagrees in everything is the pivot unless its true
+      // partner is further away: then look it up (an op only one run has
+      // keeps the near scan alone, so traces with scattered inserts build
+      // no index).
+      if (best == kNone && paired != kNone) best = nearest_same_computation(r, expected, paired);
       if (best != kNone) {
         if (paired != kNone) of_s[static_cast<size_t>(paired)] = kNone;
         const int64_t displaced = of_s[static_cast<size_t>(best)];

@@ -207,6 +207,116 @@ TEST(AlignLane, OverBudgetWindowFallsBackButStillPairs) {
   EXPECT_TRUE(a.degraded);
 }
 
+// "L=p0#p0 L=p1#p1 ...": one line applying op L to `count` tensors of one
+// shape (a loop over parameters); each output is its own.
+std::string Loop(const std::string& op, const std::string& data, int from, int count) {
+  std::string out;
+  for (int i = from; i < from + count; ++i) {
+    out += op + "=" + data + std::to_string(i) + "#" + data + std::to_string(i) + " ";
+  }
+  return out;
+}
+
+TEST(AlignLane, ALoopOverParametersPairsByDataPastHundredsOfLikeOps) {
+  // The suspect's benign change (a gradient-norm log, other FSDP splits)
+  // runs the loop's line over 300 more tensors of the same shape first: in
+  // order, structure pairs every parameter's op with another tensor's, 300
+  // ops away from its own. Equal inputs identify each occurrence however far.
+  const std::string head = "A B C D E F G H ";
+  const std::string tail = "S T U V W X Y Z";
+  auto r = Lane(head + Loop("L", "p", 0, 200) + tail);
+  auto s = Lane(head + Loop("L", "x", 0, 300) + Loop("L", "p", 0, 200) + tail);
+  Alignment a = AlignLane(r.ops, s.ops);
+  size_t loop_pairs = 0;
+  for (const Pair& p : a.pairs) {
+    EXPECT_EQ(r.ops[p.ref].outputs, s.ops[p.sus].outputs) << "ref " << p.ref << " with sus " << p.sus;
+    if (p.ref >= 8 && p.ref < 208) {
+      EXPECT_EQ(p.sus, p.ref + 300) << "ref " << p.ref;
+      ++loop_pairs;
+    }
+  }
+  EXPECT_EQ(loop_pairs, 200u);
+}
+
+TEST(AlignLane, ALoopOfSeveralOpsPerParameterPairsEachOccurrenceByData) {
+  // A hand-written per-parameter update (mul_, add_ per parameter, one line
+  // each); the suspect's extra pass runs the same two lines over 150 other
+  // tensors first.
+  std::string ref_loop, extra;
+  for (int i = 0; i < 100; ++i) {
+    const std::string k = std::to_string(i);
+    ref_loop += "M=p" + k + "#m" + k + " N=m" + k + "#n" + k + " ";
+  }
+  for (int i = 0; i < 150; ++i) {
+    const std::string k = std::to_string(i);
+    extra += "M=g" + k + "#gm" + k + " N=gm" + k + "#gn" + k + " ";
+  }
+  auto r = Lane("A B C D E F G H " + ref_loop + "S T U V W X Y Z");
+  auto s = Lane("A B C D E F G H " + extra + ref_loop + "S T U V W X Y Z");
+  Alignment a = AlignLane(r.ops, s.ops);
+  EXPECT_EQ(a.pairs.size(), r.ops.size());
+  for (const Pair& p : a.pairs) {
+    EXPECT_EQ(r.ops[p.ref].outputs, s.ops[p.sus].outputs) << "ref " << p.ref << " with sus " << p.sus;
+  }
+}
+
+TEST(AlignLane, AnOpCalledWithOtherScalarsPairsWithWhatItReplaced) {
+  // The suspect's line passes another argument (scale=...): another site,
+  // another structural key, other inputs and outputs, the same tensors'
+  // loose key (trace.h). It pairs with the op it replaced between the same
+  // two pairs, flagged, so its own outputs are the evidence instead of its
+  // consumer's (T, whose inputs then differ).
+  auto r = Lane("A0 A1 A2 A3 A4 A5 A6 A7 A8 Q K SDPA T D0 D1 D2 D3 D4 D5 D6 D7 D8");
+  auto s = Lane("A0 A1 A2 A3 A4 A5 A6 A7 A8 Q K SDPA T#t2 D0 D1 D2 D3 D4 D5 D6 D7 D8");
+  OpEvent& edited = s.ops[11];
+  edited.key ^= 0x5ca1e;
+  edited.site ^= 0x5ca1e;
+  edited.inputs.lo ^= 0x5ca1e;
+  edited.outputs.lo ^= 0x5ca1e;
+  Alignment a = AlignLane(r.ops, s.ops);
+  ASSERT_EQ(a.pairs.size(), r.ops.size());
+  EXPECT_EQ(a.pairs[11].sus, 11u);
+  EXPECT_EQ(a.pairs[11].flags & Pair::kChangedSite, Pair::kChangedSite);
+  EXPECT_EQ(a.changed_site, 1u);
+}
+
+TEST(OpEventKeys, AnotherScalarArgumentKeepsTheLooseKeyOnly) {
+  // F.scaled_dot_product_attention(q, k, v) against (q, k, v, scale=0.3):
+  // the argument list differs in kind (None, then a double) and value.
+  OpDetail d;
+  d.name = 0x5d9a;
+  TensorInfo t;
+  t.dtype = DType::kFloat32;
+  t.shape = {2, 4, 8, 16};
+  for (int i = 0; i < 3; ++i) {
+    InputValue v;
+    v.kind = ValueKind::kTensor;
+    v.tensor = t;
+    d.inputs.push_back(v);
+  }
+  d.inputs.emplace_back();  // scale=None
+  d.outputs.push_back(t);
+  OpDetail scaled = d;
+  scaled.inputs.back().kind = ValueKind::kScalar;
+  scaled.inputs.back().scalar_dtype = DType::kFloat64;
+  scaled.inputs.back().scalar_bits = 0x3fd3333333333333ULL;
+  const OpEvent a = MakeOpEvent(d), b = MakeOpEvent(scaled);
+  EXPECT_NE(a.key, b.key);
+  EXPECT_EQ(a.loose_key, b.loose_key);
+  // Other tensor shapes are another loose key.
+  OpDetail wider = d;
+  wider.outputs[0].shape = {2, 4, 8, 32};
+  EXPECT_NE(MakeOpEvent(wider).loose_key, a.loose_key);
+}
+
+TEST(AlignLane, OpsOfAnotherNameNeverPairAcrossAnEdit) {
+  auto r = Lane("A0 A1 A2 A3 A4 A5 A6 A7 A8 Q D0 D1 D2 D3 D4 D5 D6 D7 D8");
+  auto s = Lane("A0 A1 A2 A3 A4 A5 A6 A7 A8 R D0 D1 D2 D3 D4 D5 D6 D7 D8");
+  Alignment a = AlignLane(r.ops, s.ops);
+  EXPECT_EQ(a.pairs.size(), r.ops.size() - 1);
+  EXPECT_EQ(a.changed_site, 0u);
+}
+
 TEST(AlignLane, EmptyInputs) {
   auto r = Lane("A B C");
   LaneTrace e;

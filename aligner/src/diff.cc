@@ -242,6 +242,7 @@ FirstDivergence MakeDivergence(const LaneWork& w, uint32_t ref_rank, uint32_t su
   fd.suspect = MakeOpView(sus_rank, w.lane, se, ctx.suspect_details, ctx.suspect_strings);
   fd.op = fd.suspect.op;
   fd.inputs_equal = re.inputs == se.inputs;
+  fd.code_changed = (p.flags & Pair::kChangedSite) != 0;
   if (fd.reference.detail_available && fd.suspect.detail_available) {
     size_t a = fd.reference.outputs.size(), b = fd.suspect.outputs.size();
     for (size_t k = 0; k < std::max(a, b); ++k) {

@@ -6,6 +6,7 @@
 #include <optional>
 #include <sstream>
 
+#include "opguard/aligner/diagnosis.h"
 #include "opguard/common/hex.h"
 
 namespace opguard::aligner {
@@ -139,6 +140,7 @@ json Divergence(const std::optional<FirstDivergence>& f) {
               {"site", {{"reference", Site(f->reference.site)}, {"suspect", Site(f->suspect.site)}}},
               {"forward_site", ForwardSites(*f)},
               {"inputs_equal", f->inputs_equal},
+              {"code_changed", f->code_changed},
               {"differing_outputs", f->differing_outputs},
               {"producer", f->producer ? json{{"run", f->producer_run}, {"op", View(*f->producer)}} : json(nullptr)},
               {"kernels_differ", kernels_differ ? json(*kernels_differ) : json(nullptr)},
@@ -254,6 +256,14 @@ void EvidenceText(std::ostringstream& o, const FirstDivergence& f) {
     // snapshot with no inputs, not a computation.
     o << "replica state differs → this copy changed since the replicas last agreed: in memory, in the "
          "update that wrote it, or in what that update read\n";
+  } else if (f.code_changed) {
+    // Both lines and both argument lists follow (sites above, signatures below).
+    o << "the code here differs between the runs (an edited line or other arguments: reference "
+      << SiteText(f.reference.site) << ", suspect " << SiteText(f.suspect.site)
+      << "), output differs → the edit\n";
+  } else if (f.inputs_equal && MovesDataOnly(f.op)) {
+    o << "inputs identical (fingerprints equal), output differs, but " << f.op
+      << " only moves data → the recording is suspect, not the op (record the suspect again)\n";
   } else if (f.inputs_equal && kernels_differ == true) {
     o << "inputs identical (fingerprints equal), output differs → the op itself, which ran other kernels "
          "(another algorithm: a different GEMM kernel, say)\n";
@@ -352,6 +362,12 @@ json ToJson(const RankDiff& r) {
               {"summary", Summary(r.summary)}};
 }
 
+json DiagnosisJson(const DiffReport& r) {
+  const std::optional<Diagnosis> d = Diagnose(r);
+  if (!d) return nullptr;
+  return json{{"cause", d->cause}, {"text", d->text}, {"spread", d->spread.empty() ? json(nullptr) : json(d->spread)}};
+}
+
 json ToJson(const DiffReport& r) {
   json ranks = json::array(), explained = json::array();
   for (const RankDiff& d : r.ranks) ranks.push_back(ToJson(d));
@@ -374,6 +390,7 @@ json ToJson(const DiffReport& r) {
               {"missing_ranks", r.missing_ranks},
               {"skipped_nondeterministic", r.skipped_nondeterministic},
               {"skipped_trusted", r.skipped_trusted},
+              {"diagnosis", DiagnosisJson(r)},
               {"ranks", ranks},
               {"notes", r.notes}};
 }
@@ -479,6 +496,9 @@ std::string ToText(const DiffReport& r) {
     o << "skipped " << r.skipped_trusted << " trusted op(s): recorded without fingerprints (OPGUARD_TRUSTED)\n";
   }
   for (const std::string& n : r.notes) o << "note: " << n << "\n";
+  if (const std::optional<Diagnosis> d = Diagnose(r)) {
+    o << "diagnosis (" << d->cause << "): " << d->text << (d->spread.empty() ? "" : " " + d->spread) << "\n";
+  }
   return o.str();
 }
 

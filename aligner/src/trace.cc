@@ -42,7 +42,30 @@ void MixShape(Hasher& h, const TensorInfo& t) {
   for (int64_t d : t.shape) h.Add(static_cast<uint64_t>(d));
 }
 
-// Everything of the structural key but the site (the loose key's source).
+// The tensors' part of an op's signature: its name, backward flag, and the
+// dtype and shape of every tensor it reads and writes. Scalar and absent
+// arguments are left out, so an op called with another argument list
+// (`scale=...` given where the default was used) keeps this part.
+uint32_t LooseKey(const OpDetail& d) {
+  Hasher h;
+  h.Add(d.name);
+  h.Add(d.backward ? 1 : 0);
+  for (const InputValue& v : d.inputs) {
+    if (v.kind == ValueKind::kTensor) MixShape(h, v.tensor);
+    if (v.kind == ValueKind::kTensorList) {
+      h.Add(v.tensors.size());
+      for (const TensorInfo& t : v.tensors) MixShape(h, t);
+    }
+  }
+  h.Add(d.outputs.size());
+  for (const TensorInfo& t : d.outputs) MixShape(h, t);
+  return static_cast<uint32_t>(h.Digest64());
+}
+
+// Everything of the structural key but the site: the loose key in the upper
+// half, and in the lower half a hash of the whole argument list (kinds and
+// scalar types too; the scalar's value is data, not structure). Only equal
+// halves pair structurally; the upper half alone pairs across an edited line.
 uint64_t SitelessKey(const OpDetail& d) {
   Hasher h;
   h.Add(d.name);
@@ -52,7 +75,6 @@ uint64_t SitelessKey(const OpDetail& d) {
     h.Add(static_cast<uint64_t>(v.kind));
     switch (v.kind) {
       case ValueKind::kTensor: MixShape(h, v.tensor); break;
-      // The scalar's value is data, not structure: only its type pairs.
       case ValueKind::kScalar: h.Add(static_cast<uint64_t>(v.scalar_dtype)); break;
       case ValueKind::kTensorList:
         h.Add(v.tensors.size());
@@ -63,7 +85,7 @@ uint64_t SitelessKey(const OpDetail& d) {
   }
   h.Add(d.outputs.size());
   for (const TensorInfo& t : d.outputs) MixShape(h, t);
-  return h.Digest64();
+  return (uint64_t{LooseKey(d)} << 32) | static_cast<uint32_t>(h.Digest64());
 }
 
 uint64_t WithSite(uint64_t siteless, uint64_t site) {
@@ -171,7 +193,7 @@ OpEvent ToOpEvent(const OpEventCore& c, uint64_t boundary) {
   e.name = c.name;
   e.site = c.site;
   e.key = WithSite(c.siteless_key, boundary != 0 ? boundary : c.site);
-  e.loose_key = static_cast<uint32_t>(c.siteless_key);
+  e.loose_key = static_cast<uint32_t>(c.siteless_key >> 32);
   e.outputs = c.outputs;
   e.inputs = c.inputs;
   e.flags = c.flags;

@@ -116,6 +116,10 @@ class RealTraining(ViewerTestCase):
         summary = self.wait("#pivot-summary").text
         self.assertIn(f"rank {first['rank']} · step {first['step']} · {first['op']}", summary)
         self.assertIn(f"train_gpt.py:{site['line']}", summary)
+        # The written diagnosis, as the CLI's report gives it.
+        diagnosis = self.driver.find_element(By.ID, "diagnosis").text
+        self.assertIn(f"diagnosis ({report['diagnosis']['cause']}): ", diagnosis)
+        self.assertIn(report["diagnosis"]["text"], diagnosis)
         pivot = self.wait(".arow.pivot")
         self.assertIn(f"#{first['op_index']['suspect']} {first['op']}", pivot.text)
         self.assertIn(f"#{first['op_index']['reference']} {first['op']}", pivot.text)

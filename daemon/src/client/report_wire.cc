@@ -164,7 +164,8 @@ Offset<wire::FirstDivergence> FirstToWire(FlatBufferBuilder& b,
   auto producer_run = b.CreateString(f->producer_run);
   auto candidate = f->trusted_candidate ? OpViewToWire(b, *f->trusted_candidate) : Offset<wire::OpView>();
   return wire::CreateFirstDivergence(b, f->rank, f->lane, f->step, op, ref, sus, f->inputs_equal,
-                                     differing, producer, producer_run, f->trusted_before, candidate);
+                                     differing, producer, producer_run, f->trusted_before, candidate,
+                                     f->code_changed);
 }
 
 std::optional<aligner::FirstDivergence> FirstFromWire(const wire::FirstDivergence* w) {
@@ -177,6 +178,7 @@ std::optional<aligner::FirstDivergence> FirstFromWire(const wire::FirstDivergenc
   f.reference = OpViewFromWire(w->reference());
   f.suspect = OpViewFromWire(w->suspect());
   f.inputs_equal = w->inputs_equal();
+  f.code_changed = w->code_changed();
   f.differing_outputs = Vec(w->differing_outputs());
   if (w->producer() != nullptr) f.producer = OpViewFromWire(w->producer());
   f.producer_run = Str(w->producer_run());

@@ -192,6 +192,15 @@ TEST(RankDiffWire, PivotSitesTravel) {
   EXPECT_FALSE(back.first_divergence->suspect.trusted);
   EXPECT_EQ(back.first_divergence->trusted_before, 17u);
   EXPECT_EQ(back.skipped_trusted, 23u);
+  EXPECT_FALSE(back.first_divergence->code_changed);
+
+  // A pivot paired across an edited line says so.
+  d.first_divergence->code_changed = true;
+  b.Clear();
+  b.Finish(RankDiffToWire(b, d));
+  back = RankDiffFromWire(*flatbuffers::GetRoot<wire::RankDiff>(b.GetBufferPointer()));
+  ASSERT_TRUE(back.first_divergence);
+  EXPECT_TRUE(back.first_divergence->code_changed);
 }
 
 }  // namespace

@@ -68,6 +68,9 @@ struct FirstDivergence {
   OpView reference;
   OpView suspect;
   bool inputs_equal = false;   // true: the op itself produced the difference
+  // Paired across an edited line (align.h, kChangedSite): the code that ran
+  // here differs between the runs, so the edit is what made the difference.
+  bool code_changed = false;
   std::vector<uint32_t> differing_outputs;  // output positions whose fingerprints differ
   // Inputs differ: the recorded op without a partner, before the pivot, whose
   // output is one of the inputs that differ (the suspect run's, else the

@@ -110,8 +110,9 @@ struct OpEvent {
   Fp128 outputs;  // digest of the ordered list of output fingerprints
   Fp128 inputs;   // digest of the ordered input signatures (fingerprints, scalar bits)
   uint32_t flags = 0;
-  // The structural key without the site (name, backward flag, dtypes and
-  // shapes), 32 bits: what ops on an edited source line still share.
+  // Name, backward flag, dtypes and shapes of the tensors read and written,
+  // 32 bits: what ops on an edited source line still share, also when the
+  // line passes other scalar arguments.
   uint32_t loose_key = 0;
 
   bool nondeterministic() const { return (flags & kNondeterministic) != 0; }
@@ -146,7 +147,7 @@ struct OpEventCore {
 };
 // Stored cores carry this number: a binary whose hashing differs (a new
 // number) recomputes them from the records instead of trusting them.
-inline constexpr uint32_t kOpEventCoreVersion = 1;
+inline constexpr uint32_t kOpEventCoreVersion = 2;
 OpEventCore MakeOpEventCore(const OpDetail& d);
 OpEvent ToOpEvent(const OpEventCore& core, uint64_t boundary = 0);
 
