@@ -12,6 +12,7 @@ PACKAGES=(
   librocksdb-dev                            # daemon storage (RocksDB 7.8)
   liblz4-dev libzstd-dev                    # daemon: compression of stored op chunks
   libboost1.74-dev                          # Asio / Beast (HTTP, timers)
+  libssl-dev                                # TLS to an explain.endpoint
   libcli11-dev                              # command lines and opguardd's config file
   libspdlog-dev                             # opguardd's and the CLI's log lines (stderr, journald)
   libsystemd-dev                            # sd_notify, journald log lines

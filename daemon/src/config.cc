@@ -276,6 +276,26 @@ std::unique_ptr<CLI::App> MakeApp(Config* c, Flags* flags) {
       ->option_text("DUR")
       ->transform(millis)
       ->check(CLI::Range(uint64_t{1}, uint64_t{24} * 3600000));
+
+  const char* kExplain = "explanations (nothing is sent without explain.endpoint)";
+  add(kExplain, "--explain.endpoint", c->explain_endpoint, "URL",
+      "an OpenAI-compatible chat completions URL\n(http:// or https://): a diff's evidence\n"
+      "is sent there for an explanation in prose,\nkept by its hash (default: none)")
+      ->check([](const std::string& url) {
+        return url.empty() || url.rfind("http://", 0) == 0 || url.rfind("https://", 0) == 0
+                   ? std::string()
+                   : std::string("must be an http:// or https:// URL");
+      });
+  add(kExplain, "--explain.model", c->explain_model, "NAME", "the model asked (default gpt-4o-mini)");
+  add(kExplain, "--explain.api-key-file", c->explain_api_key_file, "FILE",
+      "a file holding the endpoint's bearer token");
+  app->add_option_function<uint64_t>(
+         "--explain.timeout", [c](uint64_t ms) { c->explain_timeout = std::chrono::milliseconds(ms); },
+         "how long one answer may take (default 60s)")
+      ->group(kExplain)
+      ->option_text("DUR")
+      ->transform(millis)
+      ->check(CLI::Range(uint64_t{1}, uint64_t{3600000}));
   return app;
 }
 

@@ -130,6 +130,9 @@ std::string Metrics::Prometheus(const Store& store, uint64_t runs, double uptime
        "client went away, or the query ran past query.time_budget.");
   Line(&o, "opguard_queries_cancelled_total", "{reason=\"client_gone\"}", L(queries_client_gone));
   Line(&o, "opguard_queries_cancelled_total", "{reason=\"time_budget\"}", L(queries_over_budget));
+  Head(&o, "opguard_explanations_asked_total", "counter",
+       "Explanations asked of explain.endpoint (kept ones are answered without a call).");
+  Line(&o, "opguard_explanations_asked_total", "", L(explanations_asked));
   Head(&o, "opguard_curve_denied_total", "counter",
        "CURVE handshakes refused: the client's public key is not in curve.authorized_keys.");
   Line(&o, "opguard_curve_denied_total", "", L(curve_denied));

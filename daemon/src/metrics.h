@@ -51,6 +51,7 @@ struct Metrics {
   std::atomic<uint64_t> queries_denied{0};      // admin requests refused (transport or uid)
   // Aligner queries stopped before their answer (CancelToken reasons).
   std::atomic<uint64_t> queries_client_gone{0}, queries_over_budget{0};
+  std::atomic<uint64_t> explanations_asked{0};  // calls to explain.endpoint
   std::atomic<uint64_t> curve_denied{0};        // CURVE clients not in curve.authorized_keys
   std::atomic<uint64_t> http_unauthorized{0};   // HTTP requests off loopback without the token
   std::atomic<uint64_t> dedup_gaps_given_up{0};  // missing seqs given up (SessionState::kMaxRanges)

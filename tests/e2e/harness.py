@@ -102,12 +102,12 @@ class UserSite:
 class Daemon:
     """opguardd --local DIR, stopped with SIGTERM (then SIGKILL) at close."""
 
-    def __init__(self, root):
+    def __init__(self, root, extra_args=()):
         self.root = os.path.join(root, "daemon")
         os.makedirs(self.root)
         self.log = open(os.path.join(self.root, "opguardd.log"), "w")
         self.proc = subprocess.Popen(
-            [_required("OPGUARDD"), "--local", self.root, "--http", "127.0.0.1:0"],
+            [_required("OPGUARDD"), "--local", self.root, "--http", "127.0.0.1:0", *extra_args],
             stdout=self.log, stderr=subprocess.STDOUT)
         self.ingest = f"ipc://{self.root}/ingest.sock"
         self.query = f"ipc://{self.root}/query.sock"
@@ -273,7 +273,12 @@ class DaemonTestCase(unittest.TestCase):
     def setUpClass(cls):
         cls.tmp = tempfile.mkdtemp(prefix="opguard-e2e-")
         cls.site = UserSite(cls.tmp)
-        cls.daemon = Daemon(cls.tmp)
+        cls.daemon = Daemon(cls.tmp, cls.daemon_args())
+
+    @classmethod
+    def daemon_args(cls):
+        """More opguardd flags for this class's daemon."""
+        return ()
 
     @classmethod
     def tearDownClass(cls):

@@ -283,7 +283,10 @@ bool IsAlignerRoute(const std::string& target) {
   auto split = SplitPath(path);
   if (!split) return false;  // answered 400 on the control thread
   const auto& parts = *split;
-  if (parts.size() == 2 && parts[0] == "api" && (parts[1] == "diff" || parts[1] == "alignment")) return true;
+  if (parts.size() == 2 && parts[0] == "api" &&
+      (parts[1] == "diff" || parts[1] == "alignment" || parts[1] == "explain")) {
+    return true;
+  }
   return parts.size() == 4 && parts[0] == "api" && parts[1] == "runs" &&
          (parts[3] == "ranks" || parts[3] == "collectives");
 }
@@ -449,6 +452,17 @@ HttpResponse RouteHttp(const std::string& method, const std::string& target, Que
     return answer(service->DiffJson(params.Text("reference"), params.Text("suspect"),
                                     params.Has("rank") ? static_cast<int64_t>(rank) : -1, peer_timeout_ms,
                                     cancel));
+  }
+  if (parts.size() == 2 && parts[1] == "explain") {
+    // ask=1 asks explain.endpoint when no answer is kept; without it only a
+    // kept answer is shown (the viewer's first look never costs a call).
+    if (error = params.Unknown({"reference", "suspect", "ask"}); !error.empty()) return Error(400, error);
+    if (params.Text("reference").empty() || params.Text("suspect").empty()) {
+      return Error(400, "explain needs reference= and suspect= run names");
+    }
+    uint64_t ask = 0;
+    if (!params.Number("ask", 0, 1, &ask, &error)) return Error(400, error);
+    return answer(service->ExplainJson(params.Text("reference"), params.Text("suspect"), ask == 1, cancel));
   }
   if (parts.size() == 2 && parts[1] == "alignment") {
     if (error = params.Unknown({"reference", "suspect", "rank", "lane", "from", "count", "op"}); !error.empty()) {

@@ -82,7 +82,8 @@ QueryService::QueryService(const Config& config, Store* store, const RunRegistry
       started_(std::chrono::steady_clock::now()),
       traces_(config.query_trace_cache_bytes),
       cluster_(config, store, registry, &traces_, Hostname()),
-      alignments_(store, &traces_) {}
+      alignments_(store, &traces_),
+      explainer_(config) {}
 
 bool QueryService::IsAlignerRequest(const void* data, size_t size, bool* local_only) {
   *local_only = false;
@@ -218,6 +219,46 @@ Result<nlohmann::json> QueryService::LanesJson(const std::string& name, uint32_t
   nlohmann::json lanes = nlohmann::json::array();
   for (const auto& l : store_->OpLanes(run.id, rank)) lanes.push_back({{"lane", l.lane}, {"last_op", l.last_op}});
   return nlohmann::json{{"run", name}, {"rank", rank}, {"lanes", lanes}};
+}
+
+Result<nlohmann::json> QueryService::ExplainJson(const std::string& reference, const std::string& suspect,
+                                                bool ask, const CancelToken* cancel) {
+  if (!explainer_.configured()) {
+    return InvalidArgument("no explain.endpoint is configured: the daemon sends evidence nowhere");
+  }
+  OPGUARD_ASSIGN_OR_RETURN(nlohmann::json report, DiffJson(reference, suspect, -1, 0, cancel));
+  nlohmann::json answer = {{"reference", reference},
+                           {"suspect", suspect},
+                           {"status", report["status"]},
+                           {"diagnosis", report["diagnosis"]},
+                           {"model", explainer_.model()},
+                           {"generated", nullptr}};
+  const nlohmann::json& first = report["first_divergence"];
+  if (first.is_null()) return answer;  // nothing to explain
+  // The source around the pivot as each run sent it (this node's copy).
+  auto excerpt = [this](const std::string& run, const nlohmann::json& site) -> std::string {
+    if (!site.is_object() || !site["file"].is_string() || !site["line"].is_number_unsigned()) return {};
+    auto source = SourceJson(run, site["file"].get<std::string>());
+    return source.ok() ? SourceExcerpt((*source)["text"].get<std::string>(), site["line"].get<uint32_t>()) : "";
+  };
+  nlohmann::json runs = nlohmann::json::object();
+  for (const std::string& name : {reference, suspect}) {
+    auto run = GetRun(name);
+    if (run.ok()) runs[name] = RunJson(*run);
+  }
+  const std::string prompt = ExplainPrompt(report, excerpt(reference, first["site"]["reference"]),
+                                           excerpt(suspect, first["site"]["suspect"]), runs);
+  const std::string hash = explainer_.EvidenceHash(prompt);
+  answer["evidence_hash"] = hash;
+  std::optional<nlohmann::json> kept = explainer_.Cached(hash);
+  answer["cached"] = kept.has_value();
+  if (!kept && ask) {
+    metrics_->explanations_asked.fetch_add(1, std::memory_order_relaxed);
+    OPGUARD_ASSIGN_OR_RETURN(nlohmann::json fresh, explainer_.Ask(hash, prompt, cancel));
+    kept = std::move(fresh);
+  }
+  if (kept) answer["generated"] = *kept;
+  return answer;
 }
 
 void QueryService::SetApiRouter(ApiRouter router) { api_router_ = std::move(router); }

@@ -31,6 +31,7 @@
 #include "opguard/daemon/config.h"
 #include "query/alignment_view.h"
 #include "query/cluster.h"
+#include "query/explain.h"
 #include "query/trace_cache.h"
 #include "registry/run_registry.h"
 #include "storage/store.h"
@@ -117,6 +118,12 @@ class QueryService {
   Result<nlohmann::json> SourceJson(const std::string& run, const std::string& file) const;
   // The lanes of a rank with their last op index (the viewer sizes its lists).
   Result<nlohmann::json> LanesJson(const std::string& run, uint32_t rank) const;
+  // An explanation in prose of a diff's evidence (query/explain.h): the kept
+  // one, or with `ask` a new one from explain.endpoint when none is kept.
+  // NotFound-free: an unconfigured endpoint is InvalidArgument, so HTTP
+  // never forwards it to peers. Aligner worker threads only.
+  Result<nlohmann::json> ExplainJson(const std::string& reference, const std::string& suspect, bool ask,
+                                     const CancelToken* cancel);
 
   // The HTTP JSON API without forwarding, as a peer's ApiRequest gets it:
   // {HTTP status, JSON body} for a target IsForwardableApiRoute accepts. Set
@@ -155,6 +162,7 @@ class QueryService {
   TraceCache traces_;     // before its users
   ClusterQueries cluster_;
   AlignmentViews alignments_;
+  Explainer explainer_;
   boost::asio::thread_pool align_pool_{2};  // requests from the CLI and HTTP
   boost::asio::thread_pool peer_pool_{2};   // local_only requests from peer daemons
   std::atomic<bool> aligner_stopped_{false};

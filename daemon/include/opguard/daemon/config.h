@@ -96,6 +96,13 @@ struct Config {
   // Rank traces kept between queries (query/trace_cache.h): ~80 bytes per
   // op; the default holds two 1.5 M-op traces. 0: none kept.
   uint64_t query_trace_cache_bytes = 256u << 20;
+
+  // Explanations in prose (query/explain.h): an OpenAI-compatible chat
+  // completions URL; empty: off, nothing is sent anywhere.
+  std::string explain_endpoint;
+  std::string explain_model = "gpt-4o-mini";
+  std::string explain_api_key_file;  // the bearer token, one line; empty: none sent
+  std::chrono::milliseconds explain_timeout{60000};
 };
 
 // The text printed by `opguardd --help`.
