@@ -23,6 +23,51 @@ constexpr size_t kSkewWeight = 4;
 
 enum : uint8_t { kStop = 0, kDiag = 1, kUp = 2, kLeft = 3 };
 
+// Positions of one run's ops by computation (op name and input digest),
+// ascending, built on first use: where PairByData looks for an op's true
+// partner beyond rescue_distance. Preflight-nondeterministic ops are left
+// out (they are never evidence).
+class ComputationIndex {
+ public:
+  explicit ComputationIndex(const std::vector<OpEvent>& ops) : ops_(ops) {}
+
+  // The position nearest `expected` (within `reach`) of an op computing
+  // what `e` computes for which `accept(position)` holds; -1 when none. At
+  // most kCandidates positions are tried, so a computation repeated
+  // everywhere costs O(1) per look-up.
+  template <class Accept>
+  int64_t Nearest(const OpEvent& e, int64_t expected, int64_t reach, Accept accept) {
+    if (!built_) Build();
+    auto it = at_.find(Key(e));
+    if (it == at_.end()) return -1;
+    const std::vector<uint32_t>& at = it->second;
+    auto hi = std::lower_bound(at.begin(), at.end(), static_cast<uint32_t>(std::max<int64_t>(expected, 0)));
+    auto lo = hi;
+    for (int tried = 0; tried < kCandidates && (lo != at.begin() || hi != at.end()); ++tried) {
+      const int64_t below = lo != at.begin() ? expected - *(lo - 1) : std::numeric_limits<int64_t>::max();
+      const int64_t above = hi != at.end() ? *hi - expected : std::numeric_limits<int64_t>::max();
+      if (std::min(below, above) > reach) break;
+      const uint32_t p = below <= above ? *--lo : *hi++;
+      if (accept(size_t{p})) return p;
+    }
+    return -1;
+  }
+
+ private:
+  static constexpr int kCandidates = 256;
+  static uint64_t Key(const OpEvent& e) { return Mix64(e.name ^ Mix64(e.inputs.lo ^ Mix64(e.inputs.hi))); }
+  void Build() {
+    built_ = true;
+    for (size_t p = 0; p < ops_.size(); ++p) {
+      if (!ops_[p].nondeterministic()) at_[Key(ops_[p])].push_back(static_cast<uint32_t>(p));
+    }
+  }
+
+  const std::vector<OpEvent>& ops_;
+  bool built_ = false;
+  std::unordered_map<uint64_t, std::vector<uint32_t>> at_;
+};
+
 class LaneAligner {
  public:
   LaneAligner(const std::vector<OpEvent>& ref, const std::vector<OpEvent>& sus,
@@ -414,7 +459,9 @@ class LaneAligner {
   // over every parameter, other FSDP splits) shifts the structural pairs by
   // hundreds of such ops: a pair that disagrees finds its partner further
   // away, out to max_lookahead ops, in an index of the suspect's ops by name
-  // and inputs. A pair that agrees on its inputs or on its outputs is
+  // and inputs; failing that, its suspect op looks for a partner in the
+  // reference the same way, and the reference op is left unpaired (an op
+  // the suspect did not run: the loop's line ran fewer times there). A pair that agrees on its inputs or on its outputs is
   // never undone (in-place initialisers read uninitialised memory: their
   // inputs differ from run to run, their outputs do not).
   // The scan stops at the first pair it cannot repair whose outputs differ:
@@ -460,36 +507,12 @@ class LaneAligner {
       index();
       return of_s[q] == kNone || disagree(static_cast<size_t>(of_s[q]), q);
     };
-    const int64_t reach = std::max<int64_t>(o_.rescue_distance, o_.max_lookahead);
-    // Suspect positions by (name, inputs), ascending; built when a pair first
-    // looks past rescue_distance. Each look-up tries at most kFarCandidates
-    // of them, so a computation repeated everywhere costs O(1) per op.
-    constexpr int kFarCandidates = 256;
-    std::unordered_map<uint64_t, std::vector<uint32_t>> by_computation;
-    auto computation = [](const OpEvent& e) { return Mix64(e.name ^ Mix64(e.inputs.lo ^ Mix64(e.inputs.hi))); };
-    auto nearest_same_computation = [&](size_t r, int64_t expected, int64_t paired) -> int64_t {
-      if (by_computation.empty()) {
-        for (size_t q = 0; q < m; ++q) {
-          if (!s_[q].nondeterministic()) by_computation[computation(s_[q])].push_back(static_cast<uint32_t>(q));
-        }
-      }
-      auto it = by_computation.find(computation(r_[r]));
-      if (it == by_computation.end()) return kNone;
-      const std::vector<uint32_t>& at = it->second;
-      // Walk outwards from the expected position, nearest first.
-      auto hi = std::lower_bound(at.begin(), at.end(), static_cast<uint32_t>(std::max<int64_t>(expected, 0)));
-      auto lo = hi;
-      for (int tried = 0; tried < kFarCandidates && (lo != at.begin() || hi != at.end()); ++tried) {
-        const int64_t below = lo != at.begin() ? expected - *(lo - 1) : std::numeric_limits<int64_t>::max();
-        const int64_t above = hi != at.end() ? *hi - expected : std::numeric_limits<int64_t>::max();
-        const int64_t q = below <= above ? *--lo : *hi++;
-        if (std::min(below, above) > reach) break;
-        if (q != paired && same_computation(r, static_cast<size_t>(q)) && repairable(static_cast<size_t>(q))) {
-          return q;
-        }
-      }
-      return kNone;
+    auto ref_repairable = [&](size_t r) {
+      index();
+      return of_r[r] == kNone || disagree(r, static_cast<size_t>(of_r[r]));
     };
+    const int64_t reach = std::max<int64_t>(o_.rescue_distance, o_.max_lookahead);
+    ComputationIndex sus_index(s_), ref_index(r_);
     int64_t last_r = -1, last_s = -1;  // the latest pair met, for expected positions
     uint64_t repaired = 0;
     for (size_t r = 0; r < n; ++r) {
@@ -517,7 +540,30 @@ class LaneAligner {
       // partner is further away: then look it up (an op only one run has
       // keeps the near scan alone, so traces with scattered inserts build
       // no index).
-      if (best == kNone && paired != kNone) best = nearest_same_computation(r, expected, paired);
+      if (best == kNone && paired != kNone) {
+        best = sus_index.Nearest(r_[r], expected, reach, [&](size_t q) {
+          return static_cast<int64_t>(q) != paired && same_computation(r, q) && repairable(q);
+        });
+      }
+      // Or the suspect's op has its partner elsewhere in the reference, and
+      // this reference op is one the suspect did not run (a benign change
+      // that runs a loop's line fewer times: FSDP's other splits).
+      if (best == kNone && paired != kNone) {
+        const auto q = static_cast<size_t>(paired);
+        const int64_t other = ref_index.Nearest(s_[q], static_cast<int64_t>(r), reach, [&](size_t r2) {
+          return r2 != r && same_computation(r2, q) && ref_repairable(r2);
+        });
+        if (other != kNone) {
+          const int64_t displaced = of_r[static_cast<size_t>(other)];
+          if (displaced != kNone) of_s[static_cast<size_t>(displaced)] = kNone;
+          of_r[r] = kNone;
+          of_r[static_cast<size_t>(other)] = paired;
+          of_s[q] = other;
+          flags[static_cast<size_t>(other)] = Pair::kByData;
+          ++repaired;
+          continue;
+        }
+      }
       if (best != kNone) {
         if (paired != kNone) of_s[static_cast<size_t>(paired)] = kNone;
         const int64_t displaced = of_s[static_cast<size_t>(best)];

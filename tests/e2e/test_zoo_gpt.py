@@ -45,11 +45,8 @@ KNOWN_MISSES = {
                  "parameters after the last step, the runs compare identical",
     "shard_flip": "class 1: fsdp::all_gather_copy_in records no outputs; first seen at "
                   "the all-gather",
-    "sdpa_scale": "class 3: the attention with another scale stays unpaired; the pivot is "
-                  "the transpose after it",
-    "reshard": "class 2: fully_shard's chunks at init mispair (a false pivot at aten::chunk)",
-    "sp_grad_sync": "class 2 and 1: the per-parameter all_reduce loop with two calls fewer "
-                    "mispairs (pivot at an all_reduce), and _fused_adamw_ records no outputs",
+    "sp_grad_sync": "class 1: _fused_adamw_ records no outputs (the partial LayerNorm "
+                    "gradients it reads are never compared after it)",
     "ckpt_rng": "none of the five: the recompute's dropout is paired but not flagged (its "
                 "output is cut short by checkpoint's early stop?); the pivot is the "
                 "MulBackward0 reading the mask it drew",
