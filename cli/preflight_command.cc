@@ -244,6 +244,8 @@ Status RunJob(const Args& args, const std::string& run, const std::string& inges
   if (pid == 0) {
     // The job and everything it starts are one process group: stopped as one.
     ::setpgid(0, 0);
+    // Its output goes to stderr: stdout is the plan's (--json).
+    ::dup2(STDERR_FILENO, STDOUT_FILENO);
     ::setenv("OPGUARD", "1", 1);
     ::setenv("OPGUARD_RUN", run.c_str(), 1);
     if (!ingest.empty()) ::setenv("OPGUARD_ENDPOINT", ingest.c_str(), 0);
@@ -282,7 +284,7 @@ Status RunJob(const Args& args, const std::string& run, const std::string& inges
           "run '" + run + "' did not finish " + std::to_string(args.steps) + " step(s) within " +
           std::to_string(static_cast<int64_t>(args.job_timeout_s)) + " s (--job-timeout)");
     }
-    if (tick % 5 == 0) {  // the daemon every 250 ms
+    if (tick % 2 == 0) {  // the daemon every 100 ms
       auto p = ReadProgress(args, run);
       if (p.ok() && p->found) {
         steps_seen = p->min_steps;
@@ -376,7 +378,7 @@ std::function<int()> AddPreflight(CLI::App& cmd, const DaemonArgs& top) {
                  "bound on each run of the command, in seconds")
       ->option_text("S (default 3600)");
   cmd.add_option("RUNS", args->words, "RUN_A RUN_B, or after -- the command to run twice")
-      ->expected(0, INT_MAX);
+      ->expected(1, INT_MAX);
   cmd.footer(
       "Two self-replays of one job (same code, data and settings), compared op for op: ops that\n"
       "read the same bytes and wrote other bytes are bitwise nondeterministic. The daemon stores\n"
