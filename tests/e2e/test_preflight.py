@@ -80,6 +80,7 @@ class Preflight(harness.DaemonTestCase):
         plain = self.daemon.cli_json("diff", "pf-a", "bug")
         self.assertEqual(plain["status"], "diverged")
         self.assertEqual(plain["first_divergence"]["op"], "planted::shuffled_sum_")
+        self.assertEqual(plain["first_divergence"]["site"]["suspect"]["line"], noisy_line)
         self.assertEqual(plain["first_divergence"]["step"], 0)
         # ...with it, the bug: rank 1, step 1, the scaling line.
         planned = self.daemon.cli_json("diff", "--plan", "pf", "pf-a", "bug")

@@ -1,9 +1,10 @@
 """A small data-parallel training on gloo ranks for the preflight tests
 (test_preflight.py). Everything it trains is bitwise reproducible, except a
-logged metric: `planted::shuffled_sum_` sums a tensor in an order drawn from a
-per-process random permutation, as a kernel accumulating with atomics does, so
-two runs of the same job get other bits from the same inputs there. The
-metric is only printed; the model never sees it.
+logged metric: `planted::shuffled_sum_` accumulates a weight's elements in an
+order drawn from a per-process random permutation (as a kernel accumulating
+with atomics takes them in whatever order its threads arrive), so two runs of
+the same job get other bits from the same inputs there. The metric is only
+printed; the model never sees it.
 
   --steps N     steps to train (opguard preflight stops the job earlier)
   --bug STEP    rank 1 scales its hidden activations by 1 + 2^-10 at STEP
@@ -38,8 +39,11 @@ def _shuffled_sum_(out, x):
     order = list(range(len(values)))
     _ORDER.shuffle(order)
     acc = out.item()
-    for i in order:  # float32 additions: their order decides the low bits
-        acc = _round32(acc + values[i])
+    # A decayed sum in float32, as a smoothed statistic over samples taken in
+    # arrival order: the order decides the result, not only its rounding (a
+    # plain sum's low bits would agree for two orders now and then).
+    for i in order:
+        acc = _round32(0.9 * acc + values[i])
     return out.fill_(acc)
 
 
@@ -73,7 +77,6 @@ def train(rank, world, args):
         loss = ((out - y) ** 2).mean()
         with torch.no_grad():
             metric.zero_()
-            # 512 float32 additions: another order gives other low bits.
             torch.ops.planted.shuffled_sum_(metric, model.inp.weight.detach())  # the planted nondeterministic op
         opt.zero_grad()
         loss.backward()
@@ -82,7 +85,7 @@ def train(rank, world, args):
             p.grad.div_(world)
         opt.step()
         if rank == 0:
-            print(f"step {step} loss {loss.item():.6f} weight sum {metric.item():.9g}", flush=True)
+            print(f"step {step} loss {loss.item():.6f} smoothed {metric.item():.9g}", flush=True)
     dist.destroy_process_group()
 
 
