@@ -86,30 +86,35 @@ PlanConfig PlanConfig::FromJson(const json& j) {
   return c;
 }
 
-std::optional<std::string> ConfigMismatch(const std::string& plan_name, const PlanConfig& plan,
-                                          const std::string& run_name, const PlanConfig& run) {
-  const std::string head = "plan '" + plan_name + "' was made for ";
-  if (plan.world_size != run.world_size) {
-    return head + "world size " + std::to_string(plan.world_size) + ", run '" + run_name +
-           "' has " + std::to_string(run.world_size);
+std::optional<std::string> ConfigDifference(const PlanConfig& expected, const std::string& run_name,
+                                            const PlanConfig& run) {
+  const std::string in_run = ", run '" + run_name + "' ";
+  if (expected.world_size != run.world_size) {
+    return "world size " + std::to_string(expected.world_size) + in_run + "has " +
+           std::to_string(run.world_size);
   }
-  if (plan.torch != run.torch) {
-    return head + "torch " + (plan.torch.empty() ? "(unknown)" : plan.torch) + ", run '" +
-           run_name + "' ran " + (run.torch.empty() ? "(unknown)" : run.torch);
+  if (expected.torch != run.torch) {
+    return "torch " + (expected.torch.empty() ? std::string("(unknown)") : expected.torch) +
+           in_run + "ran " + (run.torch.empty() ? std::string("(unknown)") : run.torch);
   }
   // The first determinism setting (by name) that one of them applied
   // otherwise or not at all.
   std::vector<std::string> names;
-  for (const auto& [k, v] : plan.determinism) names.push_back(k);
+  for (const auto& [k, v] : expected.determinism) names.push_back(k);
   for (const auto& [k, v] : run.determinism) names.push_back(k);
   std::sort(names.begin(), names.end());
   for (const std::string& k : names) {
-    const std::string p = Setting(plan.determinism, k), r = Setting(run.determinism, k);
-    if (p != r)
-      return head + "determinism " + k + "=" + p + ", run '" + run_name + "' applied " + k + "=" +
-             r;
+    const std::string e = Setting(expected.determinism, k), r = Setting(run.determinism, k);
+    if (e != r) return "determinism " + k + "=" + e + in_run + "applied " + k + "=" + r;
   }
   return std::nullopt;
+}
+
+std::optional<std::string> ConfigMismatch(const std::string& plan_name, const PlanConfig& plan,
+                                          const std::string& run_name, const PlanConfig& run) {
+  auto difference = ConfigDifference(plan, run_name, run);
+  if (!difference) return std::nullopt;
+  return "plan '" + plan_name + "' was made for " + *difference;
 }
 
 Status CheckPlanName(const std::string& name) {

@@ -41,9 +41,13 @@ struct PlanConfig {
   friend bool operator==(const PlanConfig&, const PlanConfig&) = default;
 };
 
-// Why `run_config` (of run `run_name`) is not the configuration `plan`
-// was made for, in one line naming the first setting that differs; nullopt
-// when they are the same.
+// The first setting (world size, torch, then determinism settings by name)
+// in which `run_config` of run `run_name` differs from `expected`, as
+// "world size 2, run 'r' has 4"; nullopt when they are the same.
+std::optional<std::string> ConfigDifference(const PlanConfig& expected, const std::string& run_name,
+                                            const PlanConfig& run_config);
+// Why a plan does not apply to a run, in one line: "plan 'p' was made for "
+// and the difference; nullopt when the configurations are the same.
 std::optional<std::string> ConfigMismatch(const std::string& plan_name, const PlanConfig& plan,
                                           const std::string& run_name,
                                           const PlanConfig& run_config);

@@ -314,9 +314,9 @@ Result<nlohmann::json> QueryService::Preflight(const std::string& run_a, const s
   OPGUARD_ASSIGN_OR_RETURN(RunState a, GetRun(run_a));
   OPGUARD_ASSIGN_OR_RETURN(RunState b, GetRun(run_b));
   // Two runs of one configuration, or their differences are the settings'.
-  if (auto why = ConfigMismatch(run_a, PlanConfig::Of(a), run_b, PlanConfig::Of(b))) {
-    return InvalidArgument("runs '" + run_a + "' and '" + run_b + "' are not self-replays of one configuration: " +
-                           why->substr(why->find(" was made for ") + 14));
+  if (auto difference = ConfigDifference(PlanConfig::Of(a), run_b, PlanConfig::Of(b))) {
+    return InvalidArgument("runs '" + run_a + "' and '" + run_b +
+                           "' are not self-replays of one configuration: '" + run_a + "' has " + *difference);
   }
   if (!replace && plans_.Get(name).ok()) {
     return InvalidArgument("a plan named '" + name + "' exists (--replace overwrites it; `opguard rm --plan " +
