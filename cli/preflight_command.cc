@@ -370,7 +370,9 @@ std::function<int()> AddPreflight(CLI::App& cmd, const DaemonArgs& top) {
   AddDaemonOptions(cmd, *args, top, /*json=*/true);
   cmd.add_option("--name", args->name, "the plan's name (runs of a command: NAME-a, NAME-b)")
       ->option_text("NAME");
-  cmd.add_option("--steps", args->steps, "steps compared (and run, with a command); default 5")
+  cmd.add_option("--steps", args->steps,
+                 "with a command: run and compare N steps (default 5); with two runs:\n"
+                 "compare steps 0..N-1 only (default: every step)")
       ->option_text("N")
       ->each([args](const std::string&) { args->steps_given = true; });
   cmd.add_flag("--replace", args->replace, "overwrite a plan of that name");
