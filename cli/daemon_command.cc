@@ -1,7 +1,9 @@
 // `opguard status`, `opguard runs`, `opguard rm`: thin faces over the daemon
 // query client. Every call is bounded by --timeout; an unreachable daemon is
 // one line on stderr and exit code 2 (kExitError).
+#include <CLI/CLI.hpp>
 #include <cstdio>
+#include <memory>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
@@ -133,6 +135,20 @@ int RunsMain(const DaemonArgs& args) {
   return 0;
 }
 
+// `opguard rm --plan NAME`: a preflight plan instead of a run.
+int RmPlan(const DaemonArgs& args, const std::string& plan) {
+  daemon::DaemonClient client(args.endpoint, args.timeout(), args.curve);
+  flatbuffers::FlatBufferBuilder b;
+  wire::FinishEnvelope(b, wire::CreateDeletePlanRequest(b, b.CreateString(plan)));
+  auto answer = client.Call(b);
+  if (!answer.ok()) return Fail("rm", answer.status());
+  if (answer->envelope()->message_as_OkAnswer() == nullptr) {
+    return Fail("rm", DataLoss("unexpected answer from " + args.endpoint));
+  }
+  std::printf("removed plan '%s'\n", plan.c_str());
+  return 0;
+}
+
 int RmMain(const DaemonArgs& args) {
   daemon::DaemonClient client(args.endpoint, args.timeout(), args.curve);
   Status st = [&] {
@@ -155,7 +171,26 @@ std::function<int()> AddRuns(CLI::App& cmd, const DaemonArgs& top) {
 
 std::function<int()> AddRm(CLI::App& cmd, const DaemonArgs& top) {
   // Deleting waits for a durable write: a longer default timeout.
-  return AddDaemonCommand(cmd, top, &RmMain, 60, /*json=*/false, "the run to delete");
+  auto args = std::make_shared<DaemonArgs>();
+  args->timeout_s = 60;
+  AddDaemonOptions(cmd, *args, top, /*json=*/false);
+  auto plan = std::make_shared<std::string>();
+  cmd.add_option("--plan", *plan, "delete this preflight plan instead of a run")->option_text("NAME");
+  cmd.add_option("RUN", args->positional, "the run to delete")->expected(0, 1);
+  return [args, plan] {
+    if (!plan->empty()) {
+      if (!args->positional.empty()) {
+        std::fprintf(stderr, "opguard rm: give a RUN or --plan NAME, not both\n");
+        return kExitError;
+      }
+      return RmPlan(*args, *plan);
+    }
+    if (args->positional.empty()) {
+      std::fprintf(stderr, "opguard rm: RUN is required (or --plan NAME)\n");
+      return kExitError;
+    }
+    return RmMain(*args);
+  };
 }
 
 }  // namespace
@@ -164,6 +199,7 @@ OPGUARD_CLI_COMMAND(status, "status", "show the node daemon's state (endpoints, 
                     &AddStatus);
 OPGUARD_CLI_COMMAND(runs, "runs", "list the runs a daemon stores (ranks, ops, steps, gaps, times)",
                     &AddRuns);
-OPGUARD_CLI_COMMAND(rm, "rm", "delete a run's records and metadata from a daemon", &AddRm);
+OPGUARD_CLI_COMMAND(rm, "rm", "delete a run's records and metadata (or a preflight plan) from a daemon",
+                    &AddRm);
 
 }  // namespace opguard::cli

@@ -28,6 +28,7 @@ namespace {
 
 struct Args : DaemonArgs {
   int64_t rank = -1;
+  std::string plan;  // a preflight plan (opguard preflight)
   std::vector<uint32_t> replicas;
 };
 
@@ -68,7 +69,8 @@ int DiffMain(const Args& args) {
   flatbuffers::FlatBufferBuilder b;
   wire::FinishEnvelope(b, wire::CreateDiffRequest(b, b.CreateString(args.positional[0]),
                                                   b.CreateString(args.positional[1]), args.rank,
-                                                  false, PeerTimeoutMs(args), 0));
+                                                  false, PeerTimeoutMs(args), 0,
+                                                  args.plan.empty() ? 0 : b.CreateString(args.plan)));
   auto answer = Ask("diff", args, b);
   if (!answer.ok()) return Fail("diff", answer.status());
   const auto* a = answer->envelope()->message_as_DiffAnswer();
@@ -78,6 +80,7 @@ int DiffMain(const Args& args) {
     auto j = aligner::ToJson(report);
     j["reference_run"] = args.positional[0];
     j["suspect_run"] = args.positional[1];
+    j["plan"] = args.plan.empty() ? nlohmann::json(nullptr) : nlohmann::json(args.plan);
     j["nodes"] = daemon::NodesJson(a->nodes());
     PrintJson(j);
   } else {
@@ -164,6 +167,10 @@ std::function<int()> AddDiff(CLI::App& cmd, const DaemonArgs& top) {
   cmd.add_option("--rank", args->rank, "compare one rank only (default: every rank)")
       ->option_text("R")
       ->check(CLI::Range(int64_t{0}, int64_t{UINT32_MAX}));
+  cmd.add_option("--plan", args->plan,
+                 "a preflight plan: its nondeterministic ops are skipped, never a pivot\n"
+                 "(refused for runs of another world size, torch or determinism settings)")
+      ->option_text("NAME");
   return [args] { return DiffMain(*args); };
 }
 

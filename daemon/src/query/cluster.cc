@@ -11,6 +11,8 @@
 #include "opguard/aligner/diff.h"
 #include "opguard/daemon/client.h"
 #include "opguard/daemon/report_wire.h"
+#include "opguard/aligner/preflight.h"
+#include "query/plans.h"
 #include "query/trace_cache.h"
 
 namespace opguard::daemon {
@@ -216,9 +218,11 @@ std::vector<uint32_t> DiffRanksHere(const RunState& ref, const RunState& sus, in
 }
 
 // Aligns `local` ranks of the two runs as stored here, into part->ranks.
+// `plan_keys` (ascending): structural keys a preflight found nondeterministic;
+// their ops are flagged so the walk skips them (cached traces are copied).
 Status DiffHere(const Store& store, TraceCache* traces, const RunState& ref, const RunState& sus,
                 const std::vector<uint32_t>& local, const wire::DiffRequest& q,
-                const CancelToken* cancel, DiffPart* part) {
+                const std::vector<uint64_t>& plan_keys, const CancelToken* cancel, DiffPart* part) {
   if (!local.empty()) {
     OPGUARD_ASSIGN_OR_RETURN(auto comms, LoadCommunicators(store, sus.id));
     for (auto& c : comms) part->communicators.emplace(c.id, std::move(c));
@@ -243,6 +247,14 @@ Status DiffHere(const Store& store, TraceCache* traces, const RunState& ref, con
     auto ref_loaded = ref_loading.get();
     OPGUARD_ASSIGN_OR_RETURN(SharedTrace ref_trace, std::move(ref_loaded));
     OPGUARD_ASSIGN_OR_RETURN(SharedTrace sus_trace, std::move(sus_loaded));
+    if (!plan_keys.empty()) {
+      aligner::RankTrace ref_marked = *ref_trace, sus_marked = *sus_trace;
+      aligner::MarkNondeterministic(ref_marked, plan_keys);
+      aligner::MarkNondeterministic(sus_marked, plan_keys);
+      OPGUARD_ASSIGN_OR_RETURN(auto d, aligner::DiffRank(ref_marked, sus_marked, ctx));
+      part->ranks.push_back(std::move(d));
+      continue;
+    }
     OPGUARD_ASSIGN_OR_RETURN(auto d, aligner::DiffRank(*ref_trace, *sus_trace, ctx));
     part->ranks.push_back(std::move(d));
   }
@@ -390,26 +402,48 @@ Result<std::string> ClusterQueries::Diff(const wire::DiffRequest& q, const Cance
   if (ref_name.empty() || sus_name.empty())
     return InvalidArgument("diff needs a reference and a suspect run");
   const auto timeout = PeerTimeout(q.peer_timeout_ms());
+  auto ref = registry_->Find(ref_name);
+  auto sus = registry_->Find(sus_name);
+  // A plan is read by the receiver, refused for runs of another
+  // configuration (those it holds), and travels to the peers as its keys.
+  std::vector<uint64_t> plan_keys;
+  std::string plan_note;
+  if (const std::string plan_name = Str(q.plan()); !plan_name.empty()) {
+    OPGUARD_ASSIGN_OR_RETURN(nlohmann::json plan, LoadPlan(*store_, plan_name));
+    OPGUARD_ASSIGN_OR_RETURN(PlanUse use, ReadPlanUse(plan_name, plan));
+    for (const auto* run : {&ref, &sus}) {
+      if (!*run) continue;
+      if (auto why = ConfigMismatch(plan_name, use.config, (*run)->name, PlanConfig::Of(**run))) {
+        return InvalidArgument(*why);
+      }
+    }
+    plan_keys = std::move(use.keys);
+    plan_note = "plan '" + plan_name + "': " + std::to_string(plan_keys.size()) +
+                " boundary(ies) nondeterministic in preflight, skipped as evidence";
+  } else if (q.plan_keys()) {
+    plan_keys.assign(q.plan_keys()->begin(), q.plan_keys()->end());
+    std::sort(plan_keys.begin(), plan_keys.end());
+  }
   std::vector<PeerCall> calls;
   if (!q.local_only()) {
     FlatBufferBuilder b;
     wire::FinishEnvelope(
         b, wire::CreateDiffRequest(b, b.CreateString(ref_name), b.CreateString(sus_name), q.rank(),
-                                   true, q.peer_timeout_ms(), q.tolerate_gaps_older_than()));
+                                   true, q.peer_timeout_ms(), q.tolerate_gaps_older_than(), 0,
+                                   plan_keys.empty() ? 0 : b.CreateVector(plan_keys)));
     calls = AskPeers(config_, b, timeout);
   }
 
   // This node's ranks, while the peers work on theirs.
   const auto started = Clock::now();
   DiffPart part;
-  auto ref = registry_->Find(ref_name);
-  auto sus = registry_->Find(sus_name);
+  if (!plan_note.empty()) part.notes.push_back(plan_note);
   NodeInfo self;
   self.endpoint = config_.listen;
   self.node = node_;
   if (ref && sus) {
     const std::vector<uint32_t> local = DiffRanksHere(*ref, *sus, q.rank(), node_, &part);
-    OPGUARD_RETURN_IF_ERROR(DiffHere(*store_, traces_, *ref, *sus, local, q, cancel, &part));
+    OPGUARD_RETURN_IF_ERROR(DiffHere(*store_, traces_, *ref, *sus, local, q, plan_keys, cancel, &part));
     self.ranks = local;
   } else if (!q.local_only()) {
     if (!ref && !sus) {

@@ -81,6 +81,7 @@ QueryService::QueryService(const Config& config, Store* store, const RunRegistry
       admin_(config.admin_group),
       started_(std::chrono::steady_clock::now()),
       traces_(config.query_trace_cache_bytes),
+      plans_(store),
       cluster_(config, store, registry, &traces_, Hostname()),
       alignments_(store, &traces_),
       explainer_(config) {}
@@ -98,6 +99,7 @@ bool QueryService::IsAlignerRequest(const void* data, size_t size, bool* local_o
       *local_only = env->message_as_CollectivesRequest()->local_only();
       return true;
     case wire::Message::ApiRequest: *local_only = true; return true;  // may align: a peer's request
+    case wire::Message::PreflightRequest: return true;
     default: return false;
   }
 }
@@ -345,6 +347,58 @@ Status QueryService::DeleteRun(const std::string& name, const Caller& caller) {
   return writer_->DeleteRun(name, std::chrono::seconds(30));
 }
 
+Result<nlohmann::json> QueryService::Preflight(const std::string& run_a, const std::string& run_b,
+                                               const std::string& name, uint64_t max_steps, bool replace,
+                                               const Caller& caller, const CancelToken* cancel) {
+  OPGUARD_RETURN_IF_ERROR(CheckPlanName(name));
+  if (run_a == run_b) return InvalidArgument("preflight needs two runs, not '" + run_a + "' twice");
+  OPGUARD_ASSIGN_OR_RETURN(RunState a, GetRun(run_a));
+  OPGUARD_ASSIGN_OR_RETURN(RunState b, GetRun(run_b));
+  // Two runs of one configuration, or their differences are the settings'.
+  if (auto difference = ConfigDifference(PlanConfig::Of(a), run_b, PlanConfig::Of(b))) {
+    return InvalidArgument("runs '" + run_a + "' and '" + run_b +
+                           "' are not self-replays of one configuration: '" + run_a + "' has " + *difference);
+  }
+  if (!replace && plans_.Get(name).ok()) {
+    return InvalidArgument("a plan named '" + name + "' exists (--replace overwrites it; `opguard rm --plan " +
+                           name + "` removes it)");
+  }
+  OPGUARD_ASSIGN_OR_RETURN(auto report, PreflightHere(*store_, &traces_, a, b, max_steps, cancel));
+  PlanInputs in;
+  in.name = name;
+  in.run_a = &a;
+  in.run_b = &b;
+  in.max_steps = max_steps;
+  in.owner_uid = caller.uid ? static_cast<int64_t>(*caller.uid) : kUnknownOwner;
+  in.created_ns = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count());
+  nlohmann::json plan = MakePlan(in, report);
+  OPGUARD_RETURN_IF_ERROR(plans_.Put(plan, /*replace=*/true));
+  return plan;
+}
+
+Result<std::vector<nlohmann::json>> QueryService::Plans(const std::string& name) const {
+  if (name.empty()) return plans_.List();
+  OPGUARD_ASSIGN_OR_RETURN(nlohmann::json plan, plans_.Get(name));
+  return std::vector<nlohmann::json>{std::move(plan)};
+}
+
+Status QueryService::DeletePlan(const std::string& name, const Caller& caller) {
+  if (!caller.unix_socket || !caller.uid) {
+    metrics_->queries_denied.fetch_add(1, std::memory_order_relaxed);
+    return InvalidArgument("permission denied: plans are removed only through the daemon's unix query socket");
+  }
+  OPGUARD_ASSIGN_OR_RETURN(nlohmann::json plan, plans_.Get(name));
+  const int64_t owner = plan.value("owner_uid", kUnknownOwner);
+  if (!admin_.MayChange(*caller.uid, owner)) {
+    metrics_->queries_denied.fetch_add(1, std::memory_order_relaxed);
+    return InvalidArgument("permission denied: plan '" + name + "' belongs to uid " + std::to_string(owner) +
+                           "; only its owner, root or the admin group (" + admin_.group() + ") may remove it");
+  }
+  return plans_.Delete(name);
+}
+
 std::string QueryService::Answer(const void* data, size_t size, const Caller& caller,
                                  const CancelToken* cancel) {
   flatbuffers::FlatBufferBuilder b(4096);
@@ -413,6 +467,40 @@ std::string QueryService::Answer(const void* data, size_t size, const Caller& ca
       case wire::Message::StatusRequest:
         wire::FinishEnvelope(b, StatusAnswer(b));
         break;
+      case wire::Message::PreflightRequest:
+      case wire::Message::PlansRequest: {
+        auto str = [](const flatbuffers::String* s) { return s ? s->str() : std::string(); };
+        Result<std::vector<nlohmann::json>> plans = std::vector<nlohmann::json>{};
+        if (env->message_type() == wire::Message::PreflightRequest) {
+          const auto* q = env->message_as_PreflightRequest();
+          auto plan = Preflight(str(q->run_a()), str(q->run_b()), str(q->name()), q->max_steps(), q->replace(),
+                                caller, cancel);
+          plans = plan.ok() ? Result<std::vector<nlohmann::json>>(std::vector<nlohmann::json>{*plan})
+                            : Result<std::vector<nlohmann::json>>(plan.status());
+        } else {
+          plans = Plans(str(env->message_as_PlansRequest()->name()));
+        }
+        if (!plans.ok()) {
+          error(plans.status().message());
+          break;
+        }
+        std::vector<flatbuffers::Offset<flatbuffers::String>> documents;
+        for (const auto& p : *plans) {
+          documents.push_back(b.CreateString(p.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)));
+        }
+        wire::FinishEnvelope(b, wire::CreatePlansAnswer(b, b.CreateVector(documents)));
+        break;
+      }
+      case wire::Message::DeletePlanRequest: {
+        const auto* name = env->message_as_DeletePlanRequest()->name();
+        Status st = DeletePlan(name ? name->str() : "", caller);
+        if (!st.ok()) {
+          error(st.message());
+        } else {
+          wire::FinishEnvelope(b, wire::CreateOkAnswer(b));
+        }
+        break;
+      }
       case wire::Message::DiffRequest:
       case wire::Message::RanksRequest:
       case wire::Message::CollectivesRequest: {

@@ -32,6 +32,7 @@
 #include "query/alignment_view.h"
 #include "query/cluster.h"
 #include "query/explain.h"
+#include "query/plans.h"
 #include "query/trace_cache.h"
 #include "registry/run_registry.h"
 #include "storage/store.h"
@@ -71,6 +72,14 @@ class QueryService {
   // Removes a run for `caller` when it may (access/access.h); refusals are
   // counted in opguard_queries_denied_total.
   Status DeleteRun(const std::string& name, const Caller& caller);
+  // Preflight plans (query/plans.h). Preflight compares two runs' ranks held
+  // here and stores the plan: an aligner request (RunAligner). Deleting
+  // follows DeleteRun's rules, against the uid that made the plan.
+  Result<nlohmann::json> Preflight(const std::string& run_a, const std::string& run_b, const std::string& name,
+                                   uint64_t max_steps, bool replace, const Caller& caller,
+                                   const CancelToken* cancel);
+  Result<std::vector<nlohmann::json>> Plans(const std::string& name) const;
+  Status DeletePlan(const std::string& name, const Caller& caller);
   // A run is gone (rm, retention): its cached traces are dropped. Any thread.
   void ForgetRun(uint64_t run_id) { traces_.Forget(run_id); }
 
@@ -160,6 +169,7 @@ class QueryService {
   std::string http_address_;
   ApiRouter api_router_;  // set before serving, read-only after
   TraceCache traces_;     // before its users
+  PlanStore plans_;
   ClusterQueries cluster_;
   AlignmentViews alignments_;
   Explainer explainer_;

@@ -127,6 +127,12 @@ std::string MetaRunKey(std::string_view name) {
   return k;
 }
 
+std::string MetaPlanKey(std::string_view name) {
+  std::string k(1, kMetaPlan);
+  k.append(name);
+  return k;
+}
+
 std::string MetaRankKey(uint64_t run, uint32_t rank) {
   std::string k(1, kMetaRank);
   PutU64(&k, run);

@@ -38,6 +38,9 @@ inline constexpr char kCollectiveGapKind = 'G';  // see CollectiveGapKey
 inline constexpr char kMetaNextId = 'I';
 inline constexpr char kMetaRun = 'N';
 inline constexpr char kMetaRank = 'R';
+// 'P' name -> a preflight plan (query/plans.h); sorts between runs and ranks,
+// which LoadRegistry's scan passes over.
+inline constexpr char kMetaPlan = 'P';
 
 void PutU32(std::string* out, uint32_t v);
 void PutU64(std::string* out, uint64_t v);
@@ -82,6 +85,7 @@ std::string EventKindPrefix(uint64_t run, uint32_t rank, char kind);
 std::string MetaNextIdKey();
 std::string MetaRunKey(std::string_view name);
 std::string MetaRankKey(uint64_t run, uint32_t rank);
+std::string MetaPlanKey(std::string_view name);
 // [RunBegin(run), RunBegin(run + 1)) covers every key of `run` in every data CF.
 std::string RunBegin(uint64_t run);
 // The first key after every key that starts with `prefix`, whose last byte

@@ -724,6 +724,24 @@ std::optional<std::string> Store::GetSource(uint64_t run, uint64_t file) const {
   return content;
 }
 
+std::optional<std::string> Store::GetPlan(std::string_view name) const {
+  std::string document;
+  auto s = db_->Get(rocksdb::ReadOptions(), cf(Cf::kMeta), keys::MetaPlanKey(name), &document);
+  if (!s.ok()) return std::nullopt;
+  return document;
+}
+
+std::map<std::string, std::string> Store::ListPlans() const {
+  std::map<std::string, std::string> plans;
+  const std::string upper = keys::KindUpperBound(std::string(1, keys::kMetaPlan));
+  rocksdb::Slice upper_slice(upper);
+  auto it = NewScan(Cf::kMeta, &upper_slice, /*fill_cache=*/true, /*readahead=*/0);
+  for (it->Seek(std::string(1, keys::kMetaPlan)); it->Valid(); it->Next()) {
+    plans.emplace(it->key().ToString().substr(1), it->value().ToString());
+  }
+  return plans;
+}
+
 std::unique_ptr<rocksdb::Iterator> Store::NewScan(Cf which, const rocksdb::Slice* upper,
                                                   bool fill_cache, size_t readahead) const {
   rocksdb::ReadOptions options;
@@ -843,6 +861,12 @@ void StoreBatch::PutCollectiveGap(uint64_t run, uint32_t rank, uint64_t communic
 void StoreBatch::PutSource(uint64_t run, uint64_t file, std::string_view content) {
   batch_.Put(cf(Cf::kSources), keys::SourceKey(run, file), AsSlice(content));
 }
+
+void StoreBatch::PutPlan(std::string_view name, std::string_view document) {
+  batch_.Put(cf(Cf::kMeta), keys::MetaPlanKey(name), AsSlice(document));
+}
+
+void StoreBatch::DeletePlan(std::string_view name) { batch_.Delete(cf(Cf::kMeta), keys::MetaPlanKey(name)); }
 
 void StoreBatch::DeleteRun(const RunState& run) {
   const std::string begin = keys::RunBegin(run.id), end = keys::RunBegin(run.id + 1);

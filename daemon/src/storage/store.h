@@ -75,6 +75,10 @@ class StoreBatch {
   void PutSource(uint64_t run, uint64_t file, std::string_view content);
   // Every record and the metadata of `run`.
   void DeleteRun(const RunState& run);
+  // A named preflight plan (an opaque document, query/plans.h): plans are
+  // objects of their own, kept when the runs they were made from go.
+  void PutPlan(std::string_view name, std::string_view document);
+  void DeletePlan(std::string_view name);
 
   size_t bytes() const { return batch_.GetDataSize(); }
   uint32_t count() const { return batch_.Count(); }
@@ -168,6 +172,9 @@ class Store {
   std::map<uint64_t, SiteDef> GetSites(uint64_t run, const std::vector<uint64_t>& ids) const;
   // A source file the run sent, if any.
   std::optional<std::string> GetSource(uint64_t run, uint64_t file) const;
+  // Preflight plans (StoreBatch::PutPlan): one by name, or every one by name.
+  std::optional<std::string> GetPlan(std::string_view name) const;
+  std::map<std::string, std::string> ListPlans() const;
   // An iterator over one column family up to `upper` (keys.h builds the
   // bounds), for whole-range scans: read ahead `readahead` bytes at a time,
   // and with `fill_cache` false a scan does not evict the hot blocks ingest
