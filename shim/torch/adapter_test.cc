@@ -312,6 +312,36 @@ TEST_F(AdapterTest, ViewsMadeInsideASubclassDispatchShowLaterWrites) {
   EXPECT_EQ(views, 3u) << names << log_;
 }
 
+// Ops that write through their arguments record the written tensors as
+// outputs, after the op: an in-place foreach op (it returns nothing) has
+// each tensor of its written list, in order; an in-place op returning its
+// target and an out= op returning its out argument have that tensor once.
+// Each output is the bytes written, as the clone after the op hashes them.
+TEST_F(AdapterTest, WrittenArgumentsAreOutputs) {
+  ASSERT_TRUE(Record("written_arguments.py"));
+
+  const auto ops = Lane0Ops(*ingest_);
+  size_t foreach_ops = 0, single = 0;
+  for (size_t i = 0; i + 1 < ops.size(); ++i) {
+    const auto& [op, name] = ops[i];
+    if (name == "aten::_foreach_add_" || name == "aten::_foreach_mul_") {
+      ++foreach_ops;
+      ASSERT_LT(i + 2, ops.size());
+      EXPECT_EQ(op.outputs, 3u) << name << " " << foreach_ops;
+      ASSERT_EQ(ops[i + 1].second, "aten::clone");
+      EXPECT_EQ(op.out_lo, ops[i + 1].first.out_lo) << name << " " << foreach_ops;
+    } else if (name == "aten::add_" || name == "aten::mul") {
+      ++single;
+      EXPECT_EQ(op.outputs, 1u) << name << " " << single;
+      ASSERT_EQ(ops[i + 1].second, "aten::clone");
+      EXPECT_EQ(op.out_lo, ops[i + 1].first.out_lo) << name << " " << single;
+    }
+  }
+  EXPECT_EQ(foreach_ops, 6u) << log_;
+  EXPECT_EQ(single, 6u) << log_;
+  EXPECT_TRUE(ingest_->Snapshot().gaps.empty());
+}
+
 // Ops on tensors without data (the meta device, FakeTensorMode) compute
 // nothing: no op records, no gaps; the real ops around them are recorded.
 TEST_F(AdapterTest, OpsOnTensorsWithoutDataAreNeitherOpsNorGaps) {
