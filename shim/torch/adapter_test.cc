@@ -342,6 +342,30 @@ TEST_F(AdapterTest, WrittenArgumentsAreOutputs) {
   EXPECT_TRUE(ingest_->Snapshot().gaps.empty());
 }
 
+// Tensors of one storage with version counters of their own (`p.data`):
+// a fingerprint cached through one of them is not taken for another at the
+// same count, and a write through one is seen through the others. Each
+// clone's input (read through the cache) is its output (hashed afresh), and
+// each write's output is what the clone after it copies.
+TEST_F(AdapterTest, WritesAreSeenThroughEveryTensorOfTheStorage) {
+  ASSERT_TRUE(Record("storage_aliases.py"));
+
+  const auto ops = Lane0Ops(*ingest_);
+  size_t clones = 0;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const auto& [op, name] = ops[i];
+    if (name == "aten::clone") {
+      ++clones;
+      EXPECT_EQ(op.in_lo, op.out_lo) << "clone " << clones << ": its input is stale";
+    } else if (name == "aten::mul_" || name == "aten::add_") {
+      ASSERT_LT(i + 1, ops.size());
+      ASSERT_EQ(ops[i + 1].second, "aten::clone");
+      EXPECT_EQ(op.out_lo, ops[i + 1].first.out_lo) << name << " before clone " << clones + 1;
+    }
+  }
+  EXPECT_EQ(clones, 9u) << log_;
+}
+
 // Ops on tensors without data (the meta device, FakeTensorMode) compute
 // nothing: no op records, no gaps; the real ops around them are recorded.
 TEST_F(AdapterTest, OpsOnTensorsWithoutDataAreNeitherOpsNorGaps) {

@@ -272,14 +272,12 @@ uint64_t WrittenArguments(const at::RecordFunction& fn, ThreadState& ts) {
   return mask;
 }
 
-// Holds the tensors `fn` will write, with their versions now, for its end.
+// Holds the tensors `fn` will write, for its end.
 void RememberWrittenTensors(const at::RecordFunction& fn, OpContext& ctx, ThreadState& ts) {
   const uint64_t mask = WrittenArguments(fn, ts);
   if (mask == 0) return;
   auto remember = [&ctx](const at::Tensor& t) {
-    if (!t.defined()) return;
-    ctx.written.push_back(t);
-    ctx.written_versions.push_back(TensorVersion(t));
+    if (t.defined()) ctx.written.push_back(t);
   };
   const auto& inputs = fn.inputs();
   for (size_t i = 0; i < inputs.size() && i < 64; ++i) {
@@ -299,17 +297,19 @@ bool Returned(const c10::SmallVectorImpl<const c10::TensorImpl*>& returned, cons
 
 // The op's outputs: the tensors it returns, then those it wrote through its
 // arguments and did not return (an in-place op returning its target has it
-// once), each after the op. A written tensor whose version counter did not
-// move (a custom op's kernel, a write below autograd) has its storage marked
-// written first, so that its fingerprint is of the bytes now there, never
-// the one its input took at the start.
+// once), each after the op. The written storages are marked written first:
+// every fingerprint cached for them before is stale, whichever tensor it
+// was taken through. The cache's version check alone misses writes through
+// another tensor of the storage with a version counter of its own (`p.data`,
+// a view made below autograd) and writes that bump none (a custom op's
+// kernel, a write inside a tensor subclass's dispatch), and it took a
+// fingerprint cached through one counter for a tensor of another counter at
+// the same count: reading `p.data` (its counter at 0) after `p.mul_(2)` gave
+// the bytes p had before.
 bool CollectOutputs(c10::ArrayRef<c10::IValue> outputs, bool allocates, OpContext& ctx,
                     ThreadState& ts) {
-  for (size_t i = 0; i < ctx.written.size(); ++i) {
-    const at::Tensor& t = ctx.written[i];
-    if (t.has_storage() && TensorVersion(t) == ctx.written_versions[i]) {
-      ts.cache.StorageWritten(t.storage().unsafeGetStorageImpl());
-    }
+  for (const at::Tensor& t : ctx.written) {
+    if (t.has_storage()) ts.cache.StorageWritten(t.storage().unsafeGetStorageImpl());
   }
   c10::SmallVector<const c10::TensorImpl*, 8> returned;
   for (const c10::IValue& v : outputs) {

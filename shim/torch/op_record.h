@@ -99,12 +99,11 @@ class OpContext final : public at::ObserverContext {
   bool in_subclass_dispatch = false;
   c10::SmallVector<const c10::StorageImpl*, 4> input_storages;  // in_subclass_dispatch: to tell views
   // The tensors the op's schema marks written (`Tensor(a!)` arguments,
-  // `Tensor(a!)[]` lists element by element), held from its start to its end
-  // with their version counters at start: they are its outputs too, the
-  // only ones of an op that returns nothing (`_foreach_add_`,
-  // `_fused_adamw_`, a custom op filling its out arguments).
+  // `Tensor(a!)[]` lists element by element), held from its start to its
+  // end: they are its outputs too, the only ones of an op that returns
+  // nothing (`_foreach_add_`, `_fused_adamw_`, a custom op filling its out
+  // arguments).
   c10::SmallVector<at::Tensor, 4> written;
-  c10::SmallVector<uint32_t, 4> written_versions;
 
   void AddTensorInput(const opguard_value& value, Shapes::At shape) {
     inputs.push_back(value);
