@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -142,6 +143,20 @@ void AwaitValue(const c10::IValue& v) {
   }
 }
 
+// Collectives write their tensors (in place, or into the outputs they are
+// given) on the backend's thread, and their schemas mark none written:
+// c10d's dispatcher ops (c10d::allreduce_(Tensor[] tensors, ...)) and the
+// op the opguard package issues before a collective that does not dispatch
+// (torch 1.13's all_to_all_single). Every tensor they are given may be
+// written. Waiting on their schemas alone, a large gradient's hash could
+// read the bytes an all-reduce was writing into it (clean reruns of a
+// tensor-parallel model under load diverged at the op that produced it,
+// with equal inputs).
+bool CollectiveWritesAnyArgument(const char* name) {
+  return std::strncmp(name, "c10d::", 6) == 0 ||
+         std::strcmp(name, "opguard::collective_enter") == 0;
+}
+
 }  // namespace
 
 uint64_t AsyncMinBytes() {
@@ -171,6 +186,10 @@ void AwaitPendingWrites(const at::RecordFunction& fn) {
   DropFinished();
   if (!Pending().Any()) return;
   auto inputs = fn.inputs();
+  if (CollectiveWritesAnyArgument(fn.name())) {
+    for (const c10::IValue& v : inputs) AwaitValue(v);
+    return;
+  }
   // The schema is copied out of the dispatcher: only when something is pending.
   auto schema = fn.operator_schema();
   for (size_t i = 0; i < inputs.size(); ++i) {

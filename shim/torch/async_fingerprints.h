@@ -9,8 +9,9 @@
 //    and reused;
 //  - before any op runs, AwaitPendingWrites waits for the pending hashes of
 //    every storage that op may write: the arguments its schema marks as
-//    written (Tensor(a!): in-place and out= ops, c10d's collectives), or all
-//    its tensor arguments when the op has no schema. Writes that bypass
+//    written (Tensor(a!): in-place and out= ops), every tensor of a
+//    collective (their schemas mark none, and the backend's thread writes
+//    them), or all its tensor arguments when the op has no schema. Writes that bypass
 //    aten ops (a numpy view of the tensor, custom C++ writing through
 //    data_ptr) are not seen; the threshold keeps such tensors (small index
 //    tensors, data-loader buffers) mostly inline.

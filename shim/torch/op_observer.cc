@@ -212,8 +212,9 @@ bool CollectOutput(const at::Tensor& t, OpContext& ctx, ThreadState& ts) {
 //  - its writes do not bump the version counter (the outer call bumps the
 //    outer tensor's after the op has returned, a wrapper's inner tensor's
 //    never), so the cache would give its output the fingerprint the target
-//    had before the write. Its written storages (an in-place op's first
-//    argument, an out= argument it returns) are marked written;
+//    had before the write. An input it returns is marked written here, the
+//    arguments its schema marks written by CollectOutputs (their versions
+//    did not move);
 //  - a view it returns (aten::t of a weight, in every Linear) gets a version
 //    counter of its own, at 0 whatever was written to the storage before: a
 //    later view of the same bytes and layout, made after the base was
@@ -221,7 +222,6 @@ bool CollectOutput(const at::Tensor& t, OpContext& ctx, ThreadState& ts) {
 //    fingerprinted through the cache (ThreadState::unversioned_views).
 // Both before the outputs are fingerprinted.
 void MarkUnversionedMemory(const at::RecordFunction& fn, const OpContext& ctx, ThreadState& ts) {
-  for (const c10::StorageImpl* storage : ctx.unversioned_writes) ts.cache.StorageWritten(storage);
   for (const c10::IValue& v : fn.outputs()) {
     if (!v.isTensor() || !v.toTensor().defined() || !v.toTensor().has_storage()) continue;
     const at::Tensor& t = v.toTensor();
@@ -248,22 +248,93 @@ bool ComputesNothing(const at::RecordFunction& fn) {
          std::any_of(fn.inputs().begin(), fn.inputs().end(), no_data);
 }
 
+// Which arguments the op writes (bit i: argument i), from its schema's alias
+// annotations (`Tensor(a!)`, `Tensor(a!)[]`): in-place and out= ops, the
+// foreach and fused optimizer ops, custom ops writing into their out
+// arguments (FSDP2's fsdp::split_with_sizes_copy). Looked up once per op
+// and thread: copying the schema out of the dispatcher costs more than
+// observing the op. Ops without a schema (no dispatcher op) write nothing
+// OpGuard can name, and are not kept (their names may not stay put).
+uint64_t WrittenArguments(const at::RecordFunction& fn, ThreadState& ts) {
+  auto it = ts.written_arguments.find(fn.name());
+  if (it != ts.written_arguments.end()) return it->second;
+  const auto schema = fn.operator_schema();
+  if (!schema.has_value()) return 0;
+  uint64_t mask = 0;
+  const auto& args = schema->arguments();
+  for (size_t i = 0; i < args.size() && i < 64; ++i) {
+    if (args[i].alias_info() != nullptr && args[i].alias_info()->isWrite()) {
+      mask |= uint64_t{1} << i;
+    }
+  }
+  if (ts.written_arguments.size() >= 4096) ts.written_arguments.clear();
+  ts.written_arguments.emplace(fn.name(), mask);
+  return mask;
+}
+
+// Holds the tensors `fn` will write, for its end.
+void RememberWrittenTensors(const at::RecordFunction& fn, OpContext& ctx, ThreadState& ts) {
+  const uint64_t mask = WrittenArguments(fn, ts);
+  if (mask == 0) return;
+  auto remember = [&ctx](const at::Tensor& t) {
+    if (t.defined()) ctx.written.push_back(t);
+  };
+  const auto& inputs = fn.inputs();
+  for (size_t i = 0; i < inputs.size() && i < 64; ++i) {
+    if ((mask >> i & 1) == 0) continue;
+    const c10::IValue& v = inputs[i];
+    if (v.isTensor()) {
+      remember(v.toTensor());
+    } else if (v.isTensorList()) {
+      for (const c10::IValue& t : v.toListRef()) remember(t.toTensor());
+    }
+  }
+}
+
+bool Returned(const c10::SmallVectorImpl<const c10::TensorImpl*>& returned, const at::Tensor& t) {
+  return std::find(returned.begin(), returned.end(), t.unsafeGetTensorImpl()) != returned.end();
+}
+
+// The op's outputs: the tensors it returns, then those it wrote through its
+// arguments and did not return (an in-place op returning its target has it
+// once), each after the op. The written storages are marked written first:
+// every fingerprint cached for them before is stale, whichever tensor it
+// was taken through. The cache's version check alone misses writes through
+// another tensor of the storage with a version counter of its own (`p.data`,
+// a view made below autograd) and writes that bump none (a custom op's
+// kernel, a write inside a tensor subclass's dispatch), and it took a
+// fingerprint cached through one counter for a tensor of another counter at
+// the same count: reading `p.data` (its counter at 0) after `p.mul_(2)` gave
+// the bytes p had before.
 bool CollectOutputs(c10::ArrayRef<c10::IValue> outputs, bool allocates, OpContext& ctx,
                     ThreadState& ts) {
+  for (const at::Tensor& t : ctx.written) {
+    if (t.has_storage()) ts.cache.StorageWritten(t.storage().unsafeGetStorageImpl());
+  }
+  c10::SmallVector<const c10::TensorImpl*, 8> returned;
   for (const c10::IValue& v : outputs) {
     if (v.isTensor()) {
       const at::Tensor& t = v.toTensor();
       if (!t.defined()) continue;
       TrackUninitialised(allocates, t, ctx, ts);
       if (!CollectOutput(t, ctx, ts)) return false;
+      returned.push_back(t.unsafeGetTensorImpl());
     } else if (v.isTensorList()) {
       const c10::List<at::Tensor> list = v.toTensorList();
       for (size_t i = 0; i < list.size(); ++i) {
         const at::Tensor t = list.get(i);
         TrackUninitialised(allocates, t, ctx, ts);
         if (!CollectOutput(t, ctx, ts)) return false;
+        returned.push_back(t.unsafeGetTensorImpl());
       }
     }
+  }
+  for (size_t i = 0; i < ctx.written.size(); ++i) {
+    const at::Tensor& t = ctx.written[i];
+    if (Returned(returned, t)) continue;
+    returned.push_back(t.unsafeGetTensorImpl());  // a tensor written through two arguments: once
+    if (t.has_storage()) ts.uninitialised.Remove(t);
+    if (!CollectOutput(t, ctx, ts)) return false;
   }
   return true;
 }
@@ -565,23 +636,12 @@ std::unique_ptr<at::ObserverContext> OnFunctionStart(const at::RecordFunction& f
     ctx->seq_begin = PeekSequenceNumber();
   }
   CollectInputs(fn.inputs(), *ctx, ts);
+  RememberWrittenTensors(fn, *ctx, ts);
   if (ts.subclass_dispatches > 0) {
     ctx->in_subclass_dispatch = true;
     for (const c10::IValue& v : fn.inputs()) {
       if (v.isTensor() && v.toTensor().defined() && v.toTensor().has_storage()) {
         ctx->input_storages.push_back(v.toTensor().storage().unsafeGetStorageImpl());
-      }
-    }
-    if (IsInPlace(fn.name()) && !fn.inputs().empty()) {
-      auto written = [&ctx](const at::Tensor& t) {
-        if (t.defined() && t.has_storage()) {
-          ctx->unversioned_writes.push_back(t.storage().unsafeGetStorageImpl());
-        }
-      };
-      const c10::IValue& target = fn.inputs()[0];
-      if (target.isTensor()) written(target.toTensor());
-      if (target.isTensorList()) {
-        for (const c10::IValue& t : target.toListRef()) written(t.toTensor());
       }
     }
   }

@@ -95,11 +95,15 @@ class OpContext final : public at::ObserverContext {
   TensorRecords<4> outputs;
   c10::SmallVector<const c10::TensorImpl*, 8> input_impls;  // to tell writes from views
   // Run inside a tensor subclass's __torch_dispatch__, where writes do not
-  // bump version counters: the storages an in-place op writes (its first
-  // argument's), marked written in the cache at its end.
+  // bump version counters (op_observer.cc, MarkUnversionedMemory).
   bool in_subclass_dispatch = false;
-  c10::SmallVector<const c10::StorageImpl*, 2> unversioned_writes;
   c10::SmallVector<const c10::StorageImpl*, 4> input_storages;  // in_subclass_dispatch: to tell views
+  // The tensors the op's schema marks written (`Tensor(a!)` arguments,
+  // `Tensor(a!)[]` lists element by element), held from its start to its
+  // end: they are its outputs too, the only ones of an op that returns
+  // nothing (`_foreach_add_`, `_fused_adamw_`, a custom op filling its out
+  // arguments).
+  c10::SmallVector<at::Tensor, 4> written;
 
   void AddTensorInput(const opguard_value& value, Shapes::At shape) {
     inputs.push_back(value);

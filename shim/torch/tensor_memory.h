@@ -25,7 +25,10 @@ namespace opguard::torch_adapter {
 // hashed again as the input of the next. An entry is valid while its weak
 // reference still points at the tensor's storage object (a weak reference
 // keeps the object's memory, so its address cannot be taken by a new
-// storage) and the tensor's version counter is unchanged.
+// storage), the tensor's version counter is unchanged and no write to the
+// storage has been marked since it was put (StorageWritten). The version
+// alone does not do: tensors of one storage may have counters of their own
+// (`p.data`), at equal counts while their bytes differ.
 //
 // A fixed table indexed by a hash of the key, one entry per slot: a new entry
 // replaces whatever held its slot, which only costs a later miss. Nothing is
@@ -73,7 +76,7 @@ class FingerprintCache {
         slot.value.storage._unsafe_get_target() != storage) {
       return nullptr;
     }
-    if (!written_.empty()) {
+    if (MaybeWritten(storage)) {
       auto w = written_.find(storage);
       if (w != written_.end() && slot.generation < w->second) {
         slot.epoch = 0;
@@ -83,7 +86,7 @@ class FingerprintCache {
     return &slot.value;
   }
   void Put(const Key& key, Value value) {
-    if (written_.size() >= 4096) Clear();
+    if (written_.size() >= kMaxWritten) Clear();
     for (int i = 0; i < kSweptPerPut; ++i) {
       auto& storage = slots_[sweep_++ & (kSlots - 1)].value.storage;
       if (storage.expired()) storage.reset();
@@ -100,7 +103,10 @@ class FingerprintCache {
   // records inside compiled code, so the references stay for Put's sweep.
   void Clear() {
     ++epoch_;
-    written_.clear();
+    if (!written_.empty()) {
+      written_.clear();
+      written_filter_.fill(0);
+    }
   }
   // Drops every entry and lets go of every reference: once a step. Without
   // it, the heap at d_model 256 stayed ~15% larger (docs/torch.md, "Memory").
@@ -108,9 +114,14 @@ class FingerprintCache {
     Clear();
     for (Slot& slot : slots_) slot.value.storage.reset();
   }
-  // The storage's bytes changed without a version bump: entries of it (any
-  // view) put before now are stale. O(1); Find drops them lazily.
-  void StorageWritten(const c10::StorageImpl* storage) { written_[storage] = ++generation_; }
+  // The storage's bytes changed: entries of it (any view, any tensor of it
+  // whatever its version counter) put before now are stale. O(1); Find drops
+  // them lazily. Every write an op records (op_observer.cc) and every
+  // collective's (CollectiveWrites) comes here.
+  void StorageWritten(const c10::StorageImpl* storage) {
+    written_[storage] = ++generation_;
+    written_filter_[FilterBit(storage) / 64] |= uint64_t{1} << (FilterBit(storage) % 64);
+  }
 
  private:
   static constexpr size_t kSlots = 4096;  // a power of two
@@ -133,9 +144,22 @@ class FingerprintCache {
   }
   std::vector<Slot> slots_ = std::vector<Slot>(kSlots);
   uint64_t epoch_ = 1;
-  // Storages written behind the version counter, by the generation of their
-  // last such write; entries put before it are stale.
+  // Storages written, by the generation of their last write; entries put
+  // before it are stale. An optimizer's step writes three or four storages
+  // per parameter: bounded well above that, a full map empties the cache.
+  static constexpr size_t kMaxWritten = 1u << 16;
   std::unordered_map<const c10::StorageImpl*, uint64_t> written_;
+  // Most lookups are of storages never written in the step: a bit filter
+  // in front of the map answers them without a hash lookup.
+  static constexpr size_t kFilterBits = 1u << 15;
+  static size_t FilterBit(const c10::StorageImpl* storage) {
+    return (reinterpret_cast<uintptr_t>(storage) * 0x9E3779B97F4A7C15ull >> 40) % kFilterBits;
+  }
+  bool MaybeWritten(const c10::StorageImpl* storage) const {
+    return !written_.empty() &&
+           (written_filter_[FilterBit(storage) / 64] >> (FilterBit(storage) % 64) & 1) != 0;
+  }
+  std::array<uint64_t, kFilterBits / 64> written_filter_{};
   uint64_t generation_ = 0;
 };
 

@@ -90,6 +90,34 @@ TEST(FingerprintCacheTest, ClearDropsEveryEntry) {
   EXPECT_NE(cache.Find(KeyOf(live), live.storage().unsafeGetStorageImpl()), nullptr);
 }
 
+// A write marked on a storage drops its entries put before, whatever the
+// version in their keys (a tensor of the storage with a counter of its own
+// reads the same count); entries put after it, and other storages', stay.
+TEST(FingerprintCacheTest, AWrittenStorageDropsItsEarlierEntries) {
+  FingerprintCache cache;
+  at::Tensor t = at::ones({64});
+  at::Tensor alias = t.detach();  // another tensor of the storage
+  const c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  // Another storage's entry that does not take the slot of `t`'s.
+  at::Tensor other;
+  for (int tries = 0; tries < 16; ++tries) {
+    cache.Put(KeyOf(t), ValueOf(t));
+    other = at::ones({16 + tries});
+    cache.Put(KeyOf(other), ValueOf(other));
+    if (cache.Find(KeyOf(t), storage) != nullptr) break;
+  }
+  ASSERT_NE(cache.Find(KeyOf(t), storage), nullptr);
+  ASSERT_NE(cache.Find(KeyOf(other), other.storage().unsafeGetStorageImpl()), nullptr);
+  cache.StorageWritten(alias.storage().unsafeGetStorageImpl());
+  EXPECT_EQ(cache.Find(KeyOf(t), storage), nullptr) << "an entry from before the write";
+  EXPECT_NE(cache.Find(KeyOf(other), other.storage().unsafeGetStorageImpl()), nullptr);
+  cache.Put(KeyOf(t), ValueOf(t));
+  EXPECT_NE(cache.Find(KeyOf(t), storage), nullptr) << "an entry from after the write";
+  cache.Clear();
+  cache.Put(KeyOf(t), ValueOf(t));
+  EXPECT_NE(cache.Find(KeyOf(t), storage), nullptr) << "a write before Clear still counted";
+}
+
 TEST(StorageSetTest, FreedStoragesLeaveTheSetAsItGrows) {
   StorageSet set;
   std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> freed;

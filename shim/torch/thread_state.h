@@ -65,6 +65,9 @@ struct ThreadState {
   // Whether ops run other ops inside themselves, by the address of their
   // name: 1 seen without nested ops, 2 seen with (see OnFunctionStart).
   std::unordered_map<const char*, uint8_t> nests;
+  // Which arguments an op writes (bit i: argument i), from its schema, by the
+  // address of its name (each overload's own); see WrittenArguments.
+  std::unordered_map<const char*, uint64_t> written_arguments;
   // Trusted mode (trusted_ops.cc): whether an op is on the allow-list, by the
   // address of its name, for the list of that generation.
   std::unordered_map<const char*, bool> trusted_names;
