@@ -137,10 +137,14 @@ std::string Metrics::Prometheus(const Store& store, uint64_t runs, double uptime
        "HTTP requests from off loopback answered 401: no token, or a wrong one.");
   Line(&o, "opguard_http_unauthorized_total", "", L(http_unauthorized));
 
-  Head(&o, "opguard_dedup_gaps_given_up_total", "counter",
-       "Missing batch seqs given up to keep a session's dedup window bounded (later arrivals count "
-       "as duplicates).");
-  Line(&o, "opguard_dedup_gaps_given_up_total", "", L(dedup_gaps_given_up));
+  Head(&o, "opguard_dedup_deferred_total", "counter",
+       "Batches answered \"retry later\" because their session already had the most ranges of "
+       "out-of-order seqs the daemon keeps (their senders send them again).");
+  Line(&o, "opguard_dedup_deferred_total", "", L(dedup_deferred));
+  Head(&o, "opguard_dedup_checked_total", "counter",
+       "Batches of a session forgotten and sent again, applied with each record checked against "
+       "the store so that counters count distinct records.");
+  Line(&o, "opguard_dedup_checked_total", "", L(dedup_checked));
   Head(
       &o, "opguard_ingest_inflight_bytes", "gauge",
       "Bytes of batches received and not yet acknowledged (bounded by ingest.max_inflight_bytes).");

@@ -53,7 +53,8 @@ struct Metrics {
   std::atomic<uint64_t> queries_client_gone{0}, queries_over_budget{0};
   std::atomic<uint64_t> curve_denied{0};        // CURVE clients not in curve.authorized_keys
   std::atomic<uint64_t> http_unauthorized{0};   // HTTP requests off loopback without the token
-  std::atomic<uint64_t> dedup_gaps_given_up{0};  // missing seqs given up (SessionState::kMaxRanges)
+  std::atomic<uint64_t> dedup_deferred{0};  // "retry later": one out-of-order range too many (SessionState::kMaxRanges)
+  std::atomic<uint64_t> dedup_checked{0};   // batches of a revived session, records checked against the store
   std::atomic<uint64_t> inflight_bytes{0};       // gauge: received, not yet acknowledged
   std::atomic<uint64_t> ingest_paused_micros{0};  // receiver not reading: budget exhausted
   // Disk space (docs/storage.md).

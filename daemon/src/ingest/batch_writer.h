@@ -25,6 +25,12 @@ struct RecordCounts {
   uint64_t ops = 0, collectives = 0, steps = 0;  // collectives: completed records
   uint64_t strings = 0, sites = 0, sources = 0;
   uint64_t gap_notices = 0, op_gap_records = 0, collective_gap_records = 0;
+  // Records written again that the store already held (StoreBatch::CheckExisting):
+  // counted in none of the fields above.
+  uint64_t already_stored = 0;
+
+  // Records of a kind the rank's counters count (ops, collectives, steps, gap notices).
+  uint64_t counted() const { return ops + collectives + steps + gap_notices; }
 
   RecordCounts& operator+=(const RecordCounts& o);
 };

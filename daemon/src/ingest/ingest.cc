@@ -185,6 +185,7 @@ struct Ingest::Group {
   explicit Group(const Store* store) : batch(store) {}
 
   StoreBatch batch;
+  uint64_t number = 0;  // groups are numbered from 1 as they open
   std::vector<PendingAck> acks;
   size_t duplicates = 0;
   std::vector<RunUpdate> publish;  // what this group changed, published once durable
@@ -267,6 +268,7 @@ Status Ingest::Start() {
     ApplySocketAccess(ipc_path, config_.socket_group, config_.ingest_socket_mode, "ingest socket");
   }
   open_ = std::make_unique<Group>(store_);
+  open_->number = next_group_++;
   receiver_beat_ns_ = SteadyNs();
   committer_ = std::thread([this] { CommitterLoop(); });
   receiver_ = std::thread([this] { ReceiverLoop(); });
@@ -478,12 +480,12 @@ void Ingest::Reject(PendingAck& ack, RejectReason reason, const std::string& err
 // answered with a code it does not know.
 constexpr uint16_t kRetryAckMinor = 6;
 
-void Ingest::Defer(PendingAck& ack) {
+void Ingest::Defer(PendingAck& ack, const std::string& why) {
   metrics_->batches_deferred.fetch_add(1, std::memory_order_relaxed);
   if (ack.minor < kRetryAckMinor) return;
-  SendAck(ack, wire::AckCode::Retry,
-          "not stored now: " + (full_reason_.empty() ? std::string("the store could not write") : full_reason_) +
-              "; keep the batch and send it again later");
+  const std::string& reason =
+      !why.empty() ? why : !full_reason_.empty() ? full_reason_ : std::string("the store could not write");
+  SendAck(ack, wire::AckCode::Retry, "not stored now: " + reason + "; keep the batch and send it again later");
 }
 
 void Ingest::CheckSpace(int64_t now_ns, bool force) {
@@ -597,16 +599,39 @@ void Ingest::ApplyBatch(const uint8_t* buffer, const wire::Batch& batch, size_t 
   auto [rank_entry, new_rank] = run.ranks.try_emplace(batch.rank());
   if (new_rank) ++working_ranks_;
   RankState& rank = rank_entry->second;
-  SessionState& session = rank.sessions[batch.session()];
+  SessionState& session = rank.Session(batch.session());
   if (session.Applied(batch.seq())) return AckResend(run, batch, ack);
-  if (session.Mark(batch.seq()))
-    metrics_->dedup_gaps_given_up.fetch_add(1, std::memory_order_relaxed);
+  if (!session.CanMark(batch.seq())) {
+    // Marking it would need one more range of out-of-order seqs than the
+    // session keeps: not applied, and not taken for applied either (that
+    // would acknowledge records never stored). The sender sends it again.
+    metrics_->dedup_deferred.fetch_add(1, std::memory_order_relaxed);
+    return Defer(ack, "batch " + std::to_string(batch.seq()) + " of this session arrived after " +
+                          std::to_string(SessionState::kMaxRanges) +
+                          " ranges of batches out of order; send the earlier batches first");
+  }
+  session.Mark(batch.seq());
   session.last_ns = now;
-  rank.TrimSessions();
+  session.group = open_->number;
+  // A revived session may have applied this seq before it was forgotten:
+  // its records count only where the store does not hold them yet. Its
+  // marks from before were durable when it was forgotten, so the store is
+  // the whole answer.
+  const bool checked = session.revived;
+  rank.TrimSessions(durable_group_);
   if (const auto* a = batch.announce()) ApplyAnnounce(*a, &run, &rank);
+  open_->batch.CheckExisting(checked);
   const RecordCounts records = writer_.Write(batch, buffer, bytes, run.id, rank.ops, &open_->batch);
-  CountBatch(records, bytes, now, batch, &rank);
+  open_->batch.CheckExisting(false);
   dirty_ranks_[run.id].insert(batch.rank());
+  if (checked) metrics_->dedup_checked.fetch_add(1, std::memory_order_relaxed);
+  if (checked && records.already_stored > 0 && records.counted() == 0) {
+    // Every record was stored already: a resend the marks had forgotten.
+    ++open_->duplicates;
+    open_->bytes += bytes;
+  } else {
+    CountBatch(records, bytes, now, batch, &rank);
+  }
   open_->acks.push_back(std::move(ack));
 }
 
@@ -807,6 +832,7 @@ void Ingest::SealAndHandOff() {
   } else {
     open_ = std::make_unique<Group>(store_);
   }
+  open_->number = next_group_++;
 }
 
 void Ingest::DrainCommitted() {
@@ -829,6 +855,7 @@ void Ingest::DrainCommitted() {
                   "ingest: " + group->result.message() +
                       "; the batches of this group and the next are answered \"retry later\"");
       RollBack(group.get());
+      durable_group_ = group->number;  // nothing in the working state refers to it any more
       group->Reset();
       spare_ = std::move(group);
       continue;
@@ -847,6 +874,7 @@ void Ingest::DrainCommitted() {
     std::vector<std::pair<std::string, uint64_t>> deleted;
     for (const auto& d : group->deletes) deleted.emplace_back(d.name, d.run_id);
     registry_->Publish(&group->publish, deleted);
+    durable_group_ = group->number;
     // Counters first: a sender that has its ack may ask for them at once.
     const size_t fresh = group->acks.size() - group->duplicates;
     metrics_->batches_durable.fetch_add(fresh, std::memory_order_relaxed);

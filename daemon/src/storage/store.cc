@@ -717,6 +717,11 @@ std::map<uint64_t, SiteDef> Store::GetSites(uint64_t run, const std::vector<uint
   return out;
 }
 
+bool Store::Contains(Cf which, const rocksdb::Slice& key) const {
+  rocksdb::PinnableSlice value;
+  return db_->Get(rocksdb::ReadOptions(), cf(which), key, &value).ok();
+}
+
 std::optional<std::string> Store::GetSource(uint64_t run, uint64_t file) const {
   std::string content;
   auto s = db_->Get(rocksdb::ReadOptions(), cf(Cf::kSources), keys::SourceKey(run, file), &content);
@@ -766,6 +771,12 @@ rocksdb::Slice AsSlice(std::string_view v) { return rocksdb::Slice(v.data(), v.s
 
 rocksdb::ColumnFamilyHandle* StoreBatch::cf(Cf which) const { return store_->cf(which); }
 
+bool StoreBatch::Put(Cf which, const rocksdb::Slice& key, const rocksdb::Slice& value) {
+  const bool fresh = !check_existing_ || !store_->Contains(which, key);
+  batch_.Put(cf(which), key, value);
+  return fresh;
+}
+
 void StoreBatch::PutNextRunId(uint64_t next_id) {
   std::string value;
   keys::PutU64(&value, next_id);
@@ -780,24 +791,24 @@ void StoreBatch::PutRank(uint64_t run, uint32_t rank, const RankState& state) {
   batch_.Put(cf(Cf::kMeta), keys::MetaRankKey(run, rank), RankToJson(state).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
 }
 
-void StoreBatch::PutString(uint64_t run, uint64_t id, std::string_view text) {
-  batch_.Put(cf(Cf::kStrings), keys::DefKey(run, keys::kStringKind, id), AsSlice(text));
+bool StoreBatch::PutString(uint64_t run, uint64_t id, std::string_view text) {
+  return Put(Cf::kStrings, keys::DefKey(run, keys::kStringKind, id), AsSlice(text));
 }
 
-void StoreBatch::PutSite(uint64_t run, uint64_t id, const SiteDef& site) {
-  batch_.Put(cf(Cf::kStrings), keys::DefKey(run, keys::kSiteKind, id),
+bool StoreBatch::PutSite(uint64_t run, uint64_t id, const SiteDef& site) {
+  return Put(Cf::kStrings, keys::DefKey(run, keys::kSiteKind, id),
              keys::SiteValue(site.file, site.line, site.function));
 }
 
-void StoreBatch::PutCommunicator(uint64_t run, uint64_t id, std::string_view def) {
-  batch_.Put(cf(Cf::kStrings), keys::DefKey(run, keys::kCommunicatorKind, id), AsSlice(def));
+bool StoreBatch::PutCommunicator(uint64_t run, uint64_t id, std::string_view def) {
+  return Put(Cf::kStrings, keys::DefKey(run, keys::kCommunicatorKind, id), AsSlice(def));
 }
 
-void StoreBatch::PutOpChunk(uint64_t run, uint32_t rank, uint32_t lane, uint64_t last_op,
+bool StoreBatch::PutOpChunk(uint64_t run, uint32_t rank, uint32_t lane, uint64_t last_op,
                             std::string_view chunk) {
   char key[keys::kOpKeySize];
   keys::EncodeOpKey(key, run, rank, lane, last_op);
-  batch_.Put(cf(Cf::kOps), rocksdb::Slice(key, sizeof key), AsSlice(chunk));
+  return Put(Cf::kOps, rocksdb::Slice(key, sizeof key), AsSlice(chunk));
 }
 
 void StoreBatch::PutOpCores(uint64_t run, uint32_t rank, uint32_t lane, uint64_t last_op,
@@ -816,32 +827,32 @@ void StoreBatch::DeleteCoresComplete(uint64_t run, uint32_t rank) {
   batch_.Delete(cf(Cf::kCores), keys::CoresCompleteKey(run, rank));
 }
 
-void StoreBatch::PutCollective(uint64_t run, uint32_t rank, uint64_t communicator, uint64_t seq,
+bool StoreBatch::PutCollective(uint64_t run, uint32_t rank, uint64_t communicator, uint64_t seq,
                                uint8_t phase, std::string_view record) {
-  batch_.Put(cf(Cf::kCollectives), keys::CollectiveKey(run, communicator, seq, rank, phase),
+  return Put(Cf::kCollectives, keys::CollectiveKey(run, communicator, seq, rank, phase),
              AsSlice(record));
 }
 
-void StoreBatch::PutStep(uint64_t run, uint32_t rank, uint32_t lane, uint64_t step, uint64_t op_index,
+bool StoreBatch::PutStep(uint64_t run, uint32_t rank, uint32_t lane, uint64_t step, uint64_t op_index,
                          uint64_t time_ns) {
-  batch_.Put(cf(Cf::kEvents), keys::EventKey(run, rank, keys::kStepKind, lane, step),
+  return Put(Cf::kEvents, keys::EventKey(run, rank, keys::kStepKind, lane, step),
              keys::StepValue(op_index, time_ns));
 }
 
-void StoreBatch::PutOpGap(uint64_t run, uint32_t rank, uint32_t lane, uint64_t first_op,
+bool StoreBatch::PutOpGap(uint64_t run, uint32_t rank, uint32_t lane, uint64_t first_op,
                           std::string_view notice) {
-  batch_.Put(cf(Cf::kEvents), keys::EventKey(run, rank, keys::kGapKind, lane, first_op),
+  return Put(Cf::kEvents, keys::EventKey(run, rank, keys::kGapKind, lane, first_op),
              AsSlice(notice));
 }
 
-void StoreBatch::PutCollectiveGap(uint64_t run, uint32_t rank, uint64_t communicator,
+bool StoreBatch::PutCollectiveGap(uint64_t run, uint32_t rank, uint64_t communicator,
                                   uint64_t first_seq, std::string_view notice) {
-  batch_.Put(cf(Cf::kEvents), keys::CollectiveGapKey(run, rank, communicator, first_seq),
+  return Put(Cf::kEvents, keys::CollectiveGapKey(run, rank, communicator, first_seq),
              AsSlice(notice));
 }
 
-void StoreBatch::PutSource(uint64_t run, uint64_t file, std::string_view content) {
-  batch_.Put(cf(Cf::kSources), keys::SourceKey(run, file), AsSlice(content));
+bool StoreBatch::PutSource(uint64_t run, uint64_t file, std::string_view content) {
+  return Put(Cf::kSources, keys::SourceKey(run, file), AsSlice(content));
 }
 
 void StoreBatch::DeleteRun(const RunState& run) {

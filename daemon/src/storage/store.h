@@ -51,13 +51,20 @@ class StoreBatch {
  public:
   explicit StoreBatch(const Store* store) : store_(store) {}
 
+  // Record puts return whether the record is new: true, unless
+  // CheckExisting is on and the store already holds its key (then it is
+  // written again all the same: the same key gets the same bytes).
+  // Ingest turns the check on for a batch it cannot prove it never applied,
+  // so that counters count distinct stored records.
+  void CheckExisting(bool on) { check_existing_ = on; }
+
   void PutNextRunId(uint64_t next_id);
   void PutRunMeta(const RunState& run);  // without ranks
   void PutRank(uint64_t run, uint32_t rank, const RankState& state);
-  void PutString(uint64_t run, uint64_t id, std::string_view text);
-  void PutSite(uint64_t run, uint64_t id, const SiteDef& site);
-  void PutCommunicator(uint64_t run, uint64_t id, std::string_view def);
-  void PutOpChunk(uint64_t run, uint32_t rank, uint32_t lane, uint64_t last_op, std::string_view chunk);
+  bool PutString(uint64_t run, uint64_t id, std::string_view text);
+  bool PutSite(uint64_t run, uint64_t id, const SiteDef& site);
+  bool PutCommunicator(uint64_t run, uint64_t id, std::string_view def);
+  bool PutOpChunk(uint64_t run, uint32_t rank, uint32_t lane, uint64_t last_op, std::string_view chunk);
   // The event cores of the chunk of the same key (OpChunkWriter::FinishCores).
   void PutOpCores(uint64_t run, uint32_t rank, uint32_t lane, uint64_t last_op, std::string_view cores);
   // Marks that every chunk of (run, rank) has its cores under their own key
@@ -65,14 +72,14 @@ class StoreBatch {
   // chunk stored without them).
   void PutCoresComplete(uint64_t run, uint32_t rank);
   void DeleteCoresComplete(uint64_t run, uint32_t rank);
-  void PutCollective(uint64_t run, uint32_t rank, uint64_t communicator, uint64_t seq, uint8_t phase,
+  bool PutCollective(uint64_t run, uint32_t rank, uint64_t communicator, uint64_t seq, uint8_t phase,
                      std::string_view record);
-  void PutStep(uint64_t run, uint32_t rank, uint32_t lane, uint64_t step, uint64_t op_index,
+  bool PutStep(uint64_t run, uint32_t rank, uint32_t lane, uint64_t step, uint64_t op_index,
                uint64_t time_ns);
-  void PutOpGap(uint64_t run, uint32_t rank, uint32_t lane, uint64_t first_op, std::string_view notice);
-  void PutCollectiveGap(uint64_t run, uint32_t rank, uint64_t communicator, uint64_t first_seq,
+  bool PutOpGap(uint64_t run, uint32_t rank, uint32_t lane, uint64_t first_op, std::string_view notice);
+  bool PutCollectiveGap(uint64_t run, uint32_t rank, uint64_t communicator, uint64_t first_seq,
                         std::string_view notice);
-  void PutSource(uint64_t run, uint64_t file, std::string_view content);
+  bool PutSource(uint64_t run, uint64_t file, std::string_view content);
   // Every record and the metadata of `run`.
   void DeleteRun(const RunState& run);
 
@@ -83,8 +90,10 @@ class StoreBatch {
  private:
   friend class Store;
   rocksdb::ColumnFamilyHandle* cf(Cf which) const;
+  bool Put(Cf which, const rocksdb::Slice& key, const rocksdb::Slice& value);
   const Store* store_;
   rocksdb::WriteBatch batch_;
+  bool check_existing_ = false;
 };
 
 class Store {
@@ -163,6 +172,8 @@ class Store {
     uint64_t last_op = 0;
   };
   std::vector<LaneExtent> OpLanes(uint64_t run, uint32_t rank) const;
+  // True when `key` is stored in `cf` (a read error counts as absent).
+  bool Contains(Cf cf, const rocksdb::Slice& key) const;
   // Point lookups of definitions; missing (or damaged) ids are absent.
   std::map<uint64_t, std::string> GetStrings(uint64_t run, const std::vector<uint64_t>& ids) const;
   std::map<uint64_t, SiteDef> GetSites(uint64_t run, const std::vector<uint64_t>& ids) const;

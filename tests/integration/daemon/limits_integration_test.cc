@@ -216,7 +216,7 @@ TEST_F(LimitsTest, DedupAfterAMissingSeqCostsAboutWhatInOrderCosts) {
   }
   EXPECT_EQ(Metric(*d, "opguard_batches_total{result=\"duplicate\"}"), duplicates + 3);
   EXPECT_EQ(Run(*d, "gapped")["ops"], kBatches);
-  EXPECT_EQ(Metric(*d, "opguard_dedup_gaps_given_up_total"), 0);
+  EXPECT_EQ(Metric(*d, "opguard_dedup_deferred_total"), 0);
   StopCleanly(*d);
 }
 
