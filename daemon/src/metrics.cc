@@ -141,6 +141,10 @@ std::string Metrics::Prometheus(const Store& store, uint64_t runs, double uptime
        "Batches answered \"retry later\" because their session already had the most ranges of "
        "out-of-order seqs the daemon keeps (their senders send them again).");
   Line(&o, "opguard_dedup_deferred_total", "", L(dedup_deferred));
+  Head(&o, "opguard_batches_text_repaired_total", "counter",
+       "Batches holding text that was not UTF-8 (a setting, an interned string, a communicator name, "
+       "a gap reason), stored with each bad byte written as a hex escape.");
+  Line(&o, "opguard_batches_text_repaired_total", "", L(text_repaired));
   Head(&o, "opguard_dedup_checked_total", "counter",
        "Batches of a session forgotten and sent again, applied with each record checked against "
        "the store so that counters count distinct records.");

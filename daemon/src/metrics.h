@@ -54,6 +54,7 @@ struct Metrics {
   std::atomic<uint64_t> curve_denied{0};        // CURVE clients not in curve.authorized_keys
   std::atomic<uint64_t> http_unauthorized{0};   // HTTP requests off loopback without the token
   std::atomic<uint64_t> dedup_deferred{0};  // "retry later": one out-of-order range too many (SessionState::kMaxRanges)
+  std::atomic<uint64_t> text_repaired{0};   // batches with text that was not UTF-8, stored repaired
   std::atomic<uint64_t> dedup_checked{0};   // batches of a revived session, records checked against the store
   std::atomic<uint64_t> inflight_bytes{0};       // gauge: received, not yet acknowledged
   std::atomic<uint64_t> ingest_paused_micros{0};  // receiver not reading: budget exhausted

@@ -3,6 +3,7 @@
 #include <string_view>
 
 #include "opguard/common/saturating.h"
+#include "opguard/common/utf8.h"
 #include "opguard/daemon/report_wire.h"
 #include "storage/record_copy.h"
 
@@ -46,7 +47,7 @@ void BatchWriter::PutDefinitions(const wire::Batch& batch, uint64_t run, StoreBa
   if (const auto* v = batch.strings()) {
     for (const auto* s : *v) {
       if (s->text() == nullptr) continue;
-      if (out->PutString(run, s->id(), s->text()->string_view())) ++n->strings;
+      if (out->PutString(run, s->id(), RepairedUtf8(s->text()->string_view(), &text_))) ++n->strings;
     }
   }
   if (const auto* v = batch.sites()) {

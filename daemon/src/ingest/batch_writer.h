@@ -63,6 +63,7 @@ class BatchWriter {
   std::vector<OpChunkWriter> chunks_;  // one open chunk per lane of a batch
   std::vector<uint32_t> chunk_lanes_;
   aligner::OpDetail detail_;  // scratch of the event cores, kept for its capacity
+  std::string text_;          // a string repaired to UTF-8
 };
 
 }  // namespace opguard::daemon

@@ -86,9 +86,10 @@ constexpr size_t kMaxNodeBytes = 255;
 // which must be UTF-8, and numbers that size memory are bounded. Returns the
 // reason and what is wrong, or kCount when the batch is within them.
 std::pair<RejectReason, std::string> CheckBatch(const wire::Batch& batch, const Config& config) {
-  if (std::string field = FindText(batch, [](std::string_view t) { return !IsValidUtf8(t); });
-      !field.empty()) {
-    return {RejectReason::kInvalidBatch, field + " is not valid UTF-8"};
+  // The run name is the run's identity: refused, never repaired. Other text
+  // that is not UTF-8 is stored repaired (Text below).
+  if (batch.run() != nullptr && !IsValidUtf8(batch.run()->string_view())) {
+    return {RejectReason::kInvalidBatch, "run name is not valid UTF-8"};
   }
   if (batch.seq() >= (uint64_t{1} << 62)) return {RejectReason::kInvalidBatch, "seq beyond 2^62"};
   const uint64_t max_string = config.max_string_bytes;
@@ -147,13 +148,21 @@ uint64_t AddedMetadataBytes(const RunState& run, const wire::RunAnnounce& a) {
   return n;
 }
 
+// A text of a batch as stored: every byte that is not part of valid UTF-8
+// written as \xNN (what the shim's C API does before sending), so one bad
+// byte costs neither the batch nor the record (docs/daemon.md).
+std::string Text(const flatbuffers::String* s) {
+  if (s == nullptr) return std::string();
+  return IsValidUtf8(s->string_view()) ? s->str() : RepairUtf8(s->string_view());
+}
+
 std::vector<std::pair<std::string, std::string>> Pairs(
     const flatbuffers::Vector<flatbuffers::Offset<wire::KeyValue>>* kv) {
   std::vector<std::pair<std::string, std::string>> out;
   if (kv == nullptr) return out;
   for (const auto* e : *kv) {
     if (e->key() == nullptr) continue;
-    out.emplace_back(e->key()->str(), e->value() ? e->value()->str() : std::string());
+    out.emplace_back(Text(e->key()), Text(e->value()));
   }
   return out;
 }
@@ -450,6 +459,16 @@ void Ingest::HandleMessage(std::vector<zmq::message_t>& frames) {
     return Reject(ack, RejectReason::kLimit, error);
   }
   if (!full_reason_.empty()) return Defer(ack);
+  if (std::string field = FindText(*batch, [](std::string_view t) { return !IsValidUtf8(t); });
+      !field.empty()) {
+    metrics_->text_repaired.fetch_add(1, std::memory_order_relaxed);
+    if (!repair_logged_) {
+      repair_logged_ = true;
+      OPGUARD_LOG(LogLevel::kWarn, "ingest: run '" + ack.run + "' rank " + std::to_string(ack.rank) + ": " + field +
+                                       " is not valid UTF-8; stored with each bad byte written as \\xNN "
+                                       "(logged once, counted in opguard_batches_text_repaired_total)");
+    }
+  }
   try {
     ApplyBatch(static_cast<const uint8_t*>(data), *batch, size, sender, ack);
   } catch (const std::exception& e) {
@@ -709,12 +728,12 @@ void Ingest::AckResend(const RunState& run, const wire::Batch& batch, PendingAck
 // announced later (a shim re-announces what it learns while recording, the
 // step rule for one) is added; a key's first value wins.
 void Ingest::ApplyAnnounce(const wire::RunAnnounce& a, RunState* run, RankState* rank) {
-  if (a.node()) rank->node = a.node()->str();
+  if (a.node()) rank->node = Text(a.node());
   rank->local_rank = a.local_rank();
   rank->pid = a.pid();
   bool changed = false;
   auto set_string = [&changed](std::string* field, const flatbuffers::String* v) {
-    if (field->empty() && v && v->size()) *field = v->str(), changed = true;
+    if (field->empty() && v && v->size()) *field = Text(v), changed = true;
   };
   auto set_pairs = [&changed](std::vector<std::pair<std::string, std::string>>* field,
                               const flatbuffers::Vector<flatbuffers::Offset<wire::KeyValue>>* v) {
