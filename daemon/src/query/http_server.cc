@@ -283,7 +283,10 @@ bool IsAlignerRoute(const std::string& target) {
   auto split = SplitPath(path);
   if (!split) return false;  // answered 400 on the control thread
   const auto& parts = *split;
-  if (parts.size() == 2 && parts[0] == "api" && (parts[1] == "diff" || parts[1] == "alignment")) return true;
+  if (parts.size() == 2 && parts[0] == "api" &&
+      (parts[1] == "diff" || parts[1] == "alignment" || parts[1] == "verify")) {
+    return true;
+  }
   return parts.size() == 4 && parts[0] == "api" && parts[1] == "runs" &&
          (parts[3] == "ranks" || parts[3] == "collectives");
 }
@@ -434,6 +437,10 @@ HttpResponse RouteHttp(const std::string& method, const std::string& target, Que
     if (run.empty() || file.empty()) return Error(400, "source needs run= and file= (a path the run's call sites name)");
     if (file.size() > 4096) return Error(400, "file= is longer than 4096 bytes");
     return answer(service->SourceJson(run, file));
+  }
+  if (parts.size() == 2 && parts[1] == "verify") {
+    if (error = params.Unknown({"run"}); !error.empty()) return Error(400, error);
+    return answer(service->VerifyJson(params.Text("run"), cancel));
   }
   // Aligner queries; timeout= bounds each peer's answer (seconds).
   uint64_t timeout_s = 0;

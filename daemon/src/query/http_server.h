@@ -12,6 +12,7 @@
 //   GET /api/runs/NAME/ranks/R/lanes                            (lanes, last op each)
 //   GET /api/alignment?reference=A&suspect=B&rank=R[&lane=L][&from=N][&count=M][&op=OP]
 //   GET /api/source?run=NAME&file=PATH     (only files the run sent)
+//   GET /api/verify[?run=NAME]             (scrub: what is damaged; on a worker)
 //   GET /, /diff, /run                     (the viewer's index.html)
 //   GET /FILE                              (the viewer's files, web_files.h)
 //   GET /metrics

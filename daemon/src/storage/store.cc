@@ -151,6 +151,10 @@ Result<std::unique_ptr<Store>> Store::Open(const Config& config) {
   // bounded no matter how many runs are live.
   rocksdb::DBOptions db_options;
   db_options.create_if_missing = true;
+  // Damage is found, never read past (RocksDB's defaults, stated): files are
+  // checked as they are opened, and every read verifies block and blob
+  // checksums (ReadOptions::verify_checksums, on in every ReadOptions here).
+  db_options.paranoid_checks = true;
   db_options.create_missing_column_families = true;
   db_options.max_background_jobs = config.background_jobs;
   db_options.bytes_per_sync = 1 << 20;
@@ -591,8 +595,14 @@ Status Store::ScanOps(uint64_t run, uint32_t rank, uint32_t lane, uint64_t from_
     if (!it->Valid()) break;
     auto key = it->key();
     if (key.size() != keys::kOpKeySize || !key.starts_with(prefix)) continue;
+    const uint64_t first_in_key = last_key.size() == key.size() && key.starts_with(rocksdb::Slice(last_key.data(), 16))
+                                      ? keys::OpKeyIndex(last_key) + 1
+                                      : keys::OpKeyIndex(key.ToStringView());
     last_key = key.ToString();
-    if (!chunk.Open(keys::OpKeyIndex(key.ToStringView()), it->value().ToStringView())) continue;
+    if (!chunk.Open(keys::OpKeyIndex(key.ToStringView()), it->value().ToStringView())) {
+      NoteDamagedOps(key.ToStringView(), first_in_key, "an ops chunk whose framing or compression does not open");
+      continue;
+    }
     for (size_t i = chunk.LowerBound(from_op); i < chunk.size(); ++i) {
       const uint64_t op = chunk.op_index(i);
       if (any && op <= last) continue;
@@ -641,13 +651,114 @@ std::string Store::SkipDamagedOps(rocksdb::Iterator* it, std::string_view key, b
   }
   if (!*to_end) it->Seek(KeyAt(key, good));
   const std::string damaged = KeyAt(key, bad);
-  if (read_errors_.fetch_add(1, std::memory_order_relaxed) == 0) {
-    OPGUARD_LOG(LogLevel::kError, "store: damaged value under ops key " +
-                                      rocksdb::Slice(damaged).ToString(/*hex=*/true) + " (" + error.ToString() +
-                                      "); its ops are answered as a gap (later ones are counted in "
-                                      "opguard_store_read_errors_total)");
+  // Its first op is not known: from just after the last key read fine (the
+  // same lane), else the damaged key's own op.
+  uint64_t first = keys::OpKeyIndex(damaged);
+  if (after_key && key.size() == keys::kOpKeySize && keys::OpKeyLane(key) == keys::OpKeyLane(damaged) &&
+      std::string_view(key).substr(0, 12) == std::string_view(damaged).substr(0, 12)) {
+    first = std::min(first, keys::OpKeyIndex(key) + 1);
   }
+  NoteDamagedOps(damaged, first, error.ToString());
   return damaged;
+}
+
+void Store::NoteDamagedOps(std::string_view key, uint64_t first_op, const std::string& error) const {
+  if (key.size() != keys::kOpKeySize) return NoteReadError("ops key " + rocksdb::Slice(key).ToString(true), error);
+  read_errors_.fetch_add(1, std::memory_order_relaxed);
+  const uint64_t run = keys::GetU64(key.data());
+  const uint32_t rank = keys::GetU32(key.data() + 8);
+  const DamagedOps ops{keys::OpKeyLane(key), first_op, keys::OpKeyIndex(key)};
+  std::lock_guard<std::mutex> lock(damage_mu_);
+  auto& known = damage_[{run, rank}];
+  for (const DamagedOps& d : known) {
+    if (d.lane == ops.lane && d.first_op <= ops.first_op && ops.last_op <= d.last_op) return;  // seen
+  }
+  known.push_back(ops);
+  damage_generation_.fetch_add(1, std::memory_order_relaxed);
+  OPGUARD_LOG(LogLevel::kError, "store: damaged data, run id " + std::to_string(run) + " rank " +
+                                    std::to_string(rank) + " lane " + std::to_string(ops.lane) + " ops " +
+                                    std::to_string(ops.first_op) + ".." + std::to_string(ops.last_op) + " (" +
+                                    error + "); answers that read them are incomplete "
+                                    "(counted in opguard_store_read_errors_total)");
+}
+
+void Store::NoteReadError(const std::string& what, const std::string& error) const {
+  read_errors_.fetch_add(1, std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lock(damage_mu_);
+  if (damage_logged_.size() < 1000 && damage_logged_.insert(what).second) {
+    OPGUARD_LOG(LogLevel::kError, "store: damaged data in " + what + " (" + error +
+                                      "); counted in opguard_store_read_errors_total");
+  }
+}
+
+std::map<std::pair<uint64_t, uint32_t>, std::vector<Store::DamagedOps>> Store::AllKnownDamage() const {
+  std::lock_guard<std::mutex> lock(damage_mu_);
+  return damage_;
+}
+
+Result<Store::ScrubResult> Store::Scrub(uint64_t run, const CancelToken* cancel) const {
+  ScrubResult result;
+  const uint64_t errors_before = read_errors();
+  const std::string begin = run == 0 ? std::string() : keys::RunBegin(run);
+  const std::string end = run == 0 ? std::string() : keys::RunBegin(run + 1);
+  rocksdb::Slice end_slice(end);
+  // The ops: every chunk opened; a value that does not read is skipped as
+  // ScanOps does, so one damaged blob does not hide the rest.
+  {
+    auto it = NewScan(Cf::kOps, run == 0 ? nullptr : &end_slice, /*fill_cache=*/false);
+    OpChunkView chunk;
+    std::string last_key;
+    const std::string first_key = keys::OpKey(run, 0, 0, 0);  // run 0: below every run id
+    for (it->Seek(first_key);; it->Next()) {
+      while (!it->Valid() && !it->status().ok()) {
+        bool to_end = false;
+        last_key = SkipDamagedOps(it.get(), last_key.empty() ? std::string_view(first_key) : std::string_view(last_key),
+                                  !last_key.empty(), &to_end);
+        if (to_end) break;
+      }
+      if (!it->Valid()) break;
+      if (++result.values % 256 == 0 && cancel != nullptr) OPGUARD_RETURN_IF_ERROR(cancel->Check());
+      const auto key = it->key();
+      if (key.size() != keys::kOpKeySize) continue;
+      const bool same_lane = last_key.size() == key.size() && key.starts_with(rocksdb::Slice(last_key.data(), 16));
+      const uint64_t first = same_lane ? keys::OpKeyIndex(last_key) + 1 : keys::OpKeyIndex(key.ToStringView());
+      last_key = key.ToString();
+      if (!chunk.Open(keys::OpKeyIndex(key.ToStringView()), it->value().ToStringView())) {
+        NoteDamagedOps(key.ToStringView(), first, "an ops chunk whose framing or compression does not open");
+        continue;
+      }
+      result.ops += chunk.size();
+    }
+  }
+  // Every other column family: each value read (and its block's checksum
+  // verified). A damaged block ends the scan of its family, said as such.
+  for (Cf which : {Cf::kCollectives, Cf::kStrings, Cf::kSources, Cf::kEvents, Cf::kCores}) {
+    if (!Has(which)) continue;
+    auto it = NewScan(which, run == 0 ? nullptr : &end_slice, /*fill_cache=*/false);
+    uint64_t checksum = 0;
+    for (it->Seek(begin); it->Valid(); it->Next()) {
+      if (++result.values % 256 == 0 && cancel != nullptr) OPGUARD_RETURN_IF_ERROR(cancel->Check());
+      checksum += it->value().size();  // reads the value
+    }
+    if (!it->status().ok()) {
+      NoteReadError(std::string("the ") + CfName(which) + " column family" +
+                        (run == 0 ? std::string() : " of run id " + std::to_string(run)),
+                    it->status().ToString());
+    }
+    (void)checksum;
+  }
+  if (run == 0) {
+    // Every SST file's blocks, including those no key range above reaches.
+    if (rocksdb::Status st = db_->VerifyChecksum(); !st.ok()) NoteReadError("the store's files", st.ToString());
+  }
+  result.errors = read_errors() - errors_before;
+  return result;
+}
+
+std::vector<Store::DamagedOps> Store::KnownDamage(uint64_t run, uint32_t rank) const {
+  std::lock_guard<std::mutex> lock(damage_mu_);
+  auto found = damage_.find({run, rank});
+  return found == damage_.end() ? std::vector<DamagedOps>() : found->second;
 }
 
 std::optional<uint32_t> Store::NextLane(uint64_t run, uint32_t rank, uint32_t lane) const {
@@ -699,7 +810,12 @@ std::map<uint64_t, std::string> Store::GetDefs(uint64_t run, char kind,
   std::vector<std::string> values;
   auto statuses = db_->MultiGet(rocksdb::ReadOptions(), cfs, key_slices, &values);
   for (size_t i = 0; i < ids.size(); ++i) {
-    if (statuses[i].ok()) out[ids[i]] = std::move(values[i]);
+    if (statuses[i].ok()) {
+      out[ids[i]] = std::move(values[i]);
+    } else if (!statuses[i].IsNotFound()) {
+      NoteReadError(std::string("the definitions (kind '") + kind + "') of run id " + std::to_string(run),
+                    statuses[i].ToString());
+    }
   }
   return out;
 }

@@ -20,11 +20,14 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "opguard/common/cancel.h"
 #include "opguard/common/status.h"
 #include "opguard/daemon/config.h"
 #include "registry/run_state.h"
@@ -205,6 +208,36 @@ class Store {
                              bool* to_end) const;
   uint64_t read_errors() const { return read_errors_.load(std::memory_order_relaxed); }
 
+  // Damage found by any read since the daemon started (a trace page, a
+  // diff, a scrub): the ops of (run, rank) that cannot be read. A diff reads
+  // the event cores, not the records, so it also adds the damage found
+  // before in the records it depends on as gaps: its answer is then
+  // `incomplete` and names those ops (docs/storage.md, "Damage").
+  struct DamagedOps {
+    uint32_t lane = 0;
+    uint64_t first_op = 0, last_op = 0;
+  };
+  // Records damage at op key `key` (an ops or cores key) whose ops run from
+  // `first_op` to the key's op; counts it and logs the first of each key.
+  void NoteDamagedOps(std::string_view key, uint64_t first_op, const std::string& error) const;
+  // Damage of another kind (a definition, a collective, a whole scan):
+  // counted and logged, the first of each `what` once.
+  void NoteReadError(const std::string& what, const std::string& error) const;
+  std::vector<DamagedOps> KnownDamage(uint64_t run, uint32_t rank) const;
+  // Every damaged op range known, by (run id, rank).
+  std::map<std::pair<uint64_t, uint32_t>, std::vector<DamagedOps>> AllKnownDamage() const;
+  // A scrub (`GET /api/verify`): reads every value of run `run` (0: of every
+  // run, and RocksDB's own check of every file's checksums) in every column
+  // family, verifying checksums and opening every ops chunk, at least as
+  // strictly as any query would. Damage is noted as by any read (above).
+  // `cancel`, when set, is checked every 256 values.
+  struct ScrubResult {
+    uint64_t values = 0, ops = 0, errors = 0;
+  };
+  Result<ScrubResult> Scrub(uint64_t run, const CancelToken* cancel) const;
+  // Grows with every new damaged range (the trace cache's stamps mix it in).
+  uint64_t damage_generation() const { return damage_generation_.load(std::memory_order_relaxed); }
+
   // Bytes of every file in the data directory (SSTs, WAL, manifests).
   uint64_t DiskBytes() const;
   uint64_t CfSstBytes(Cf cf) const;
@@ -235,6 +268,10 @@ class Store {
   std::array<rocksdb::ColumnFamilyHandle*, kCfCount> handles_{};
   bool closed_ = false;
   mutable std::atomic<uint64_t> read_errors_{0};
+  mutable std::atomic<uint64_t> damage_generation_{0};
+  mutable std::mutex damage_mu_;
+  mutable std::map<std::pair<uint64_t, uint32_t>, std::vector<DamagedOps>> damage_;  // (run, rank)
+  mutable std::set<std::string> damage_logged_;  // under damage_mu_
 };
 
 }  // namespace opguard::daemon
