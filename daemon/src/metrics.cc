@@ -133,6 +133,13 @@ std::string Metrics::Prometheus(const Store& store, uint64_t runs, double uptime
   Head(&o, "opguard_curve_denied_total", "counter",
        "CURVE handshakes refused: the client's public key is not in curve.authorized_keys.");
   Line(&o, "opguard_curve_denied_total", "", L(curve_denied));
+  Head(&o, "opguard_http_misdirected_total", "counter",
+       "HTTP requests answered 421: their Host header names neither this daemon's address, localhost, "
+       "its host name nor http.host_names.");
+  Line(&o, "opguard_http_misdirected_total", "", L(http_misdirected));
+  Head(&o, "opguard_sources_refused_total", "counter",
+       "Source files larger than ingest.max_source_bytes, not stored (the rest of their batch is).");
+  Line(&o, "opguard_sources_refused_total", "", L(sources_refused));
   Head(&o, "opguard_http_unauthorized_total", "counter",
        "HTTP requests from off loopback answered 401: no token, or a wrong one.");
   Line(&o, "opguard_http_unauthorized_total", "", L(http_unauthorized));

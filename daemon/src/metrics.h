@@ -52,6 +52,8 @@ struct Metrics {
   // Aligner queries stopped before their answer (CancelToken reasons).
   std::atomic<uint64_t> queries_client_gone{0}, queries_over_budget{0};
   std::atomic<uint64_t> curve_denied{0};        // CURVE clients not in curve.authorized_keys
+  std::atomic<uint64_t> http_misdirected{0};    // HTTP requests whose Host names another site (421)
+  std::atomic<uint64_t> sources_refused{0};     // source files over ingest.max_source_bytes, not stored
   std::atomic<uint64_t> http_unauthorized{0};   // HTTP requests off loopback without the token
   std::atomic<uint64_t> dedup_deferred{0};  // "retry later": one out-of-order range too many (SessionState::kMaxRanges)
   std::atomic<uint64_t> text_repaired{0};   // batches with text that was not UTF-8, stored repaired

@@ -25,6 +25,7 @@ RecordCounts& RecordCounts::operator+=(const RecordCounts& o) {
   sources += o.sources;
   gap_notices += o.gap_notices;
   already_stored += o.already_stored;
+  sources_refused += o.sources_refused;
   op_gap_records = SaturatingAdd(op_gap_records, o.op_gap_records);
   collective_gap_records = SaturatingAdd(collective_gap_records, o.collective_gap_records);
   return *this;
@@ -183,6 +184,10 @@ void BatchWriter::PutSources(const wire::Batch& batch, uint64_t run, StoreBatch*
   if (v == nullptr) return;
   for (const auto* s : *v) {
     if (s->content() == nullptr) continue;
+    if (max_source_bytes_ != 0 && s->content()->size() > max_source_bytes_) {
+      ++n->sources_refused;
+      continue;
+    }
     if (out->PutSource(run, s->file(),
                        {reinterpret_cast<const char*>(s->content()->data()), s->content()->size()})) {
       ++n->sources;

@@ -226,7 +226,7 @@ Ingest::Ingest(const Config& config, Store* store, RunRegistry* registry, Metric
       registry_(registry),
       metrics_(metrics),
       context_(context),
-      writer_(ChunkCodecByName(config.compression), config.op_cores),
+      writer_(ChunkCodecByName(config.compression), config.op_cores, config.max_source_bytes),
       unix_ingest_(IsUnixEndpoint(config.ingest)) {}
 
 Ingest::~Ingest() {
@@ -642,6 +642,14 @@ void Ingest::ApplyBatch(const uint8_t* buffer, const wire::Batch& batch, size_t 
   open_->batch.CheckExisting(checked);
   const RecordCounts records = writer_.Write(batch, buffer, bytes, run.id, rank.ops, &open_->batch);
   open_->batch.CheckExisting(false);
+  if (records.sources_refused > 0 && !source_refusal_logged_) {
+    source_refusal_logged_ = true;
+    OPGUARD_LOG(LogLevel::kWarn, "ingest: run '" + ack.run + "' rank " + std::to_string(batch.rank()) +
+                                     ": a source file larger than ingest.max_source_bytes (" +
+                                     std::to_string(config_.max_source_bytes) +
+                                     ") is not stored; the rest of its batch is (logged once, counted in "
+                                     "opguard_sources_refused_total)");
+  }
   dirty_ranks_[run.id].insert(batch.rank());
   if (checked) metrics_->dedup_checked.fetch_add(1, std::memory_order_relaxed);
   if (checked && records.already_stored > 0 && records.counted() == 0) {
@@ -904,6 +912,7 @@ void Ingest::DrainCommitted() {
     metrics_->strings.fetch_add(n.strings, std::memory_order_relaxed);
     metrics_->sites.fetch_add(n.sites, std::memory_order_relaxed);
     metrics_->sources.fetch_add(n.sources, std::memory_order_relaxed);
+    metrics_->sources_refused.fetch_add(n.sources_refused, std::memory_order_relaxed);
     metrics_->steps.fetch_add(n.steps, std::memory_order_relaxed);
     metrics_->gap_notices.fetch_add(n.gap_notices, std::memory_order_relaxed);
     Metrics::AddSaturating(&metrics_->gap_records, SaturatingAdd(n.op_gap_records, n.collective_gap_records));

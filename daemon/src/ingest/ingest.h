@@ -148,6 +148,7 @@ class Ingest final : public RunWriter {
   std::set<uint64_t> dirty_meta_;
   std::set<std::string> exception_kinds_logged_;  // receiver thread
   bool repair_logged_ = false;                     // text repaired: logged once
+  bool source_refusal_logged_ = false;             // a source over the limit: logged once
   std::unique_ptr<Group> open_;
   std::unique_ptr<Group> spare_;  // a committed group, kept for reuse
   uint64_t next_group_ = 1;       // the number the next group opened gets

@@ -30,6 +30,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "opguard/common/cancel.h"
 #include "opguard/common/status.h"
@@ -92,6 +93,7 @@ class HttpServer {
   std::string address_;
   const std::string web_root_;
   std::string token_;
+  std::vector<std::string> host_names_;  // see HostAllowed (query/http_auth.h)
 };
 
 }  // namespace opguard::daemon

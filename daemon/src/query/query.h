@@ -57,6 +57,7 @@ struct Caller {
 class QueryService {
  public:
   // `writer` carries out deletions and says whether the store failed.
+  const Config& config() const { return config_; }
   QueryService(const Config& config, Store* store, const RunRegistry* registry, RunWriter* writer,
                Metrics* metrics);
 
