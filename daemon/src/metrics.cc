@@ -133,6 +133,10 @@ std::string Metrics::Prometheus(const Store& store, uint64_t runs, double uptime
   Head(&o, "opguard_curve_denied_total", "counter",
        "CURVE handshakes refused: the client's public key is not in curve.authorized_keys.");
   Line(&o, "opguard_curve_denied_total", "", L(curve_denied));
+  Head(&o, "opguard_http_evicted_total", "counter",
+       "HTTP connections closed at http.max_connections because they had waited longest (over 1 s) for "
+       "a request, so that a new client is served (slowloris).");
+  Line(&o, "opguard_http_evicted_total", "", L(http_evicted));
   Head(&o, "opguard_http_misdirected_total", "counter",
        "HTTP requests answered 421: their Host header names neither this daemon's address, localhost, "
        "its host name nor http.host_names.");

@@ -52,6 +52,7 @@ struct Metrics {
   // Aligner queries stopped before their answer (CancelToken reasons).
   std::atomic<uint64_t> queries_client_gone{0}, queries_over_budget{0};
   std::atomic<uint64_t> curve_denied{0};        // CURVE clients not in curve.authorized_keys
+  std::atomic<uint64_t> http_evicted{0};        // at the cap: the connection waiting longest for a request closed
   std::atomic<uint64_t> http_misdirected{0};    // HTTP requests whose Host names another site (421)
   std::atomic<uint64_t> sources_refused{0};     // source files over ingest.max_source_bytes, not stored
   std::atomic<uint64_t> http_unauthorized{0};   // HTTP requests off loopback without the token

@@ -11,6 +11,9 @@
 #include <boost/asio/post.hpp>
 
 #include <algorithm>
+#include <vector>
+#include <mutex>
+#include <atomic>
 #include <array>
 #include <chrono>
 #include <cstring>
@@ -109,6 +112,15 @@ int HttpStatus(const Status& st) {
 // A request's header (request line included) is at most this long; a
 // longer one is answered 431, or 414 when its request line alone is.
 constexpr uint32_t kMaxHeaderBytes = 8 << 10;
+// A request arrives whole within this time of the connection (or the last
+// answer) being ready for it, however slowly its bytes trickle in; an idle
+// keep-alive connection is closed after it too.
+constexpr auto kRequestTimeout = std::chrono::seconds(10);
+
+int64_t SteadyNowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 // One connection: read a request, answer, repeat while keep-alive.
 class Session : public std::enable_shared_from_this<Session> {
@@ -124,17 +136,29 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void Start() { Read(); }
 
+  // Since when it waits for a request (0: it is answering one).
+  int64_t reading_since_ns() const { return reading_since_ns_.load(std::memory_order_relaxed); }
+  // Any thread: closes the connection (its pending read ends).
+  void Evict() {
+    asio::post(stream_.get_executor(), [self = shared_from_this()] {
+      beast::error_code ec;
+      self->stream_.socket().close(ec);
+    });
+  }
+
  private:
   void Read() {
     parser_.emplace();
     parser_->header_limit(kMaxHeaderBytes);
     parser_->body_limit(64 * 1024);
-    stream_.expires_after(std::chrono::seconds(30));
+    stream_.expires_after(kRequestTimeout);
+    reading_since_ns_.store(SteadyNowNs(), std::memory_order_relaxed);
     http::async_read(stream_, buffer_, *parser_,
                      [self = shared_from_this()](beast::error_code ec, size_t) { self->OnRead(ec); });
   }
 
   void OnRead(beast::error_code ec) {
+    reading_since_ns_.store(0, std::memory_order_relaxed);
     if (ec == http::error::header_limit || ec == http::error::body_limit) {
       // Answered, then closed: what follows cannot be framed.
       client_done_ = true;
@@ -306,6 +330,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::array<char, 4096> watch_buffer_;
   bool watching_ = false;               // WatchForHangUp's read is pending
   bool drain_ = false;                  // answered a request not read whole: DrainAndClose
+  std::atomic<int64_t> reading_since_ns_{0};  // see reading_since_ns()
   bool client_done_ = false;            // that read met the client's end of stream
   std::optional<HttpResponse> answer_;  // waits for that read to end
   std::shared_ptr<void> response_;
@@ -562,9 +587,15 @@ HttpResponse RouteHttp(const std::string& method, const std::string& target, Que
   return Error(404, "no such endpoint: " + std::string(path));
 }
 
+struct HttpServer::Live {
+  std::mutex mu;
+  std::vector<std::weak_ptr<Session>> sessions;
+};
+
 HttpServer::HttpServer(asio::io_context* io, QueryService* service, Metrics* metrics, Store* store,
                        std::string web_root)
-    : io_(io), service_(service), metrics_(metrics), store_(store), web_root_(std::move(web_root)) {}
+    : live_(std::make_shared<Live>()), io_(io), service_(service), metrics_(metrics), store_(store),
+      web_root_(std::move(web_root)) {}
 
 HttpServer::~HttpServer() { Stop(); }
 
@@ -612,13 +643,24 @@ void HttpServer::Stop() {
 // the descriptors the ingest socket and the store need stay free.
 void HttpServer::Accept() {
   if (!acceptor_) return;
-  if (metrics_->http_connections.load(std::memory_order_relaxed) >= max_connections_)
+  if (metrics_->http_connections.load(std::memory_order_relaxed) >= max_connections_ && !EvictSlowest()) {
     return BackOff();
+  }
   acceptor_->async_accept(asio::make_strand(*io_), [this](beast::error_code ec, tcp::socket socket) {
     if (ec == asio::error::operation_aborted || !acceptor_) return;
     if (!ec) {
-      std::make_shared<Session>(std::move(socket), service_, metrics_, store_, &web_root_, &token_, &host_names_)
-          ->Start();
+      auto session =
+          std::make_shared<Session>(std::move(socket), service_, metrics_, store_, &web_root_, &token_, &host_names_);
+      {
+        std::lock_guard<std::mutex> lock(live_->mu);
+        auto& sessions = live_->sessions;
+        if (sessions.size() >= 2 * max_connections_) {  // the closed ones go
+          sessions.erase(std::remove_if(sessions.begin(), sessions.end(), [](const auto& w) { return w.expired(); }),
+                         sessions.end());
+        }
+        sessions.push_back(session);
+      }
+      session->Start();
     }
     using boost::system::errc::errc_t;
     for (errc_t out_of : {errc_t::too_many_files_open, errc_t::too_many_files_open_in_system,
@@ -627,6 +669,26 @@ void HttpServer::Accept() {
     }
     Accept();
   });
+}
+
+bool HttpServer::EvictSlowest() {
+  constexpr int64_t kMinWaitNs = 1'000'000'000;  // a client that just connected is not evicted
+  const int64_t now = SteadyNowNs();
+  std::shared_ptr<Session> slowest;
+  std::lock_guard<std::mutex> lock(live_->mu);
+  auto& sessions = live_->sessions;
+  sessions.erase(std::remove_if(sessions.begin(), sessions.end(), [](const auto& w) { return w.expired(); }),
+                 sessions.end());
+  for (const auto& weak : sessions) {
+    auto s = weak.lock();
+    const int64_t since = s ? s->reading_since_ns() : 0;
+    if (since == 0 || now - since < kMinWaitNs) continue;
+    if (!slowest || since < slowest->reading_since_ns()) slowest = std::move(s);
+  }
+  if (!slowest) return false;
+  metrics_->http_evicted.fetch_add(1, std::memory_order_relaxed);
+  slowest->Evict();
+  return true;
 }
 
 void HttpServer::BackOff() {

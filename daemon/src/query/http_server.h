@@ -83,6 +83,11 @@ class HttpServer {
  private:
   void Accept();
   void BackOff();  // accepts again 100 ms later
+  // At the cap: closes the connection that has waited longest (at least
+  // 1 s) for a request, so that a new client is served; false when none.
+  bool EvictSlowest();
+  struct Live;  // the sessions, for EvictSlowest
+  std::shared_ptr<Live> live_;
   uint64_t max_connections_ = 64;
   boost::asio::io_context* io_;
   QueryService* service_;

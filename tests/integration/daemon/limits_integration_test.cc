@@ -14,6 +14,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -686,6 +687,42 @@ TEST_F(LimitsTest, SourceFilesOverTheLimitAreNotStoredButTheirBatchIs) {
   ASSERT_TRUE(d->Running());
   EXPECT_EQ(Ack(*d, testing::MakeBatch("sources2", 0, 1, 0, 0, 10, o)), "durable");
   EXPECT_EQ(source("sources2", "huge.py"), 200);
+  StopCleanly(*d);
+}
+
+// 20 connections trickling a request a byte at a time (slowloris) against
+// 8 connection slots used to hold every slot for 30 s, and /healthz waited
+// in the kernel's backlog behind them. At the cap the connection that has
+// waited longest for its request is now closed, and a request must arrive
+// whole within 10 s.
+TEST_F(LimitsTest, SlowlorisConnectionsDoNotKeepHealthzWaiting) {
+  auto d = StartDaemon({"--http.max-connections", "8"});
+  ASSERT_TRUE(d->Running());
+  std::vector<int> slow;
+  for (int i = 0; i < 20; ++i) {
+    const int fd = testing::ConnectTcp(d->http());
+    ASSERT_GE(fd, 0);
+    const std::string start = "GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Slow: ";
+    (void)::send(fd, start.data(), start.size(), MSG_NOSIGNAL);
+    slow.push_back(fd);
+  }
+  std::atomic<bool> done{false};
+  std::thread trickle([&] {
+    for (int round = 0; round < 120 && !done; ++round) {  // at most 12 s
+      for (int fd : slow) (void)::send(fd, "a", 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+      std::this_thread::sleep_for(100ms);
+    }
+  });
+  int answered = 0;
+  for (int i = 0; i < 5; ++i) {
+    auto health = testing::HttpGet(d->http(), "/healthz", 5s);
+    answered += health.ok() && health->status == 200;
+  }
+  done = true;
+  trickle.join();
+  for (int fd : slow) ::close(fd);
+  EXPECT_EQ(answered, 5) << "/healthz waited behind trickling connections";
+  EXPECT_GT(Metric(*d, "opguard_http_evicted_total"), 0);
   StopCleanly(*d);
 }
 
