@@ -85,6 +85,19 @@ TEST(Utf8, AcceptsWellFormedAndRefusesTheRest) {
   EXPECT_FALSE(IsValidUtf8("\xe2\x28\xa1"));        // bad continuation
 }
 
+TEST(Utf8, RepairWritesEachBadByteAsAnEscape) {
+  EXPECT_EQ(RepairUtf8("/home/\xe9l\xe8ve/train.py"), "/home/\\xe9l\\xe8ve/train.py");
+  EXPECT_EQ(RepairUtf8("caf\xc3\xa9"), "caf\xc3\xa9");           // valid: unchanged
+  EXPECT_EQ(RepairUtf8("\xc3"), "\\xc3");                        // truncated
+  EXPECT_EQ(RepairUtf8("\xed\xa0\x80!"), "\\xed\\xa0\\x80!");     // surrogate
+  EXPECT_EQ(RepairUtf8("\xe2\x28\xa1"), "\\xe2(\\xa1");             // bad continuation
+  EXPECT_TRUE(IsValidUtf8(RepairUtf8("\xff\xfe\xc0\xaf\xf4\x90\x80\x80")));
+  std::string storage;
+  const std::string_view ok = "aten::add";
+  EXPECT_EQ(RepairedUtf8(ok, &storage).data(), ok.data()) << "valid text is not copied";
+  EXPECT_EQ(RepairedUtf8("\xff", &storage), "\\xff");
+}
+
 TEST(Log, ParsesLevels) {
   LogLevel level;
   EXPECT_TRUE(ParseLogLevel("warn", &level));

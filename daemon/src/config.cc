@@ -153,6 +153,12 @@ std::unique_ptr<CLI::App> MakeApp(Config* c, Flags* flags) {
       "token HTTP clients off loopback must present\n"
       "(Bearer, cookie or ?token=); needed to serve HTTP\n"
       "off loopback");
+  add(kGeneral, "--http.host-names", c->http_host_names, "N1,N2,...",
+      "Host header names the HTTP server answers besides IP\n"
+      "addresses, localhost and this node's host name; others\n"
+      "get 421 (DNS rebinding)")
+      ->delimiter(',')
+      ->transform(Trim);
   add(kGeneral, "--web-root", c->web_root, "DIR",
       "the web viewer's files (default: ../share/opguard/web\n"
       "next to opguardd, or the source tree's web/)");
@@ -196,6 +202,10 @@ std::unique_ptr<CLI::App> MakeApp(Config* c, Flags* flags) {
       ->check(CLI::Range(1u, UINT32_MAX));
   add_size("limits", "--ingest.max-string-bytes", c->max_string_bytes,
            "longest text of a batch (default 64KiB)", 256);
+  add_size("limits", "--ingest.max-source-bytes", c->max_source_bytes,
+           "largest source file stored (default 1MiB, as the shim's\n"
+           "OPGUARD_MAX_SOURCE_KB); a larger one is not stored, the\n"
+           "rest of its batch is", 0);
   add_size("limits", "--ingest.max-run-metadata-bytes", c->max_run_metadata_bytes,
            "a run's job id, framework and settings together\n(default 64KiB)", 1024);
 

@@ -136,14 +136,33 @@ std::string Metrics::Prometheus(const Store& store, uint64_t runs, double uptime
   Head(&o, "opguard_curve_denied_total", "counter",
        "CURVE handshakes refused: the client's public key is not in curve.authorized_keys.");
   Line(&o, "opguard_curve_denied_total", "", L(curve_denied));
+  Head(&o, "opguard_http_evicted_total", "counter",
+       "HTTP connections closed at http.max_connections because they had waited longest (over 1 s) for "
+       "a request, so that a new client is served (slowloris).");
+  Line(&o, "opguard_http_evicted_total", "", L(http_evicted));
+  Head(&o, "opguard_http_misdirected_total", "counter",
+       "HTTP requests answered 421: their Host header names neither this daemon's address, localhost, "
+       "its host name nor http.host_names.");
+  Line(&o, "opguard_http_misdirected_total", "", L(http_misdirected));
+  Head(&o, "opguard_sources_refused_total", "counter",
+       "Source files larger than ingest.max_source_bytes, not stored (the rest of their batch is).");
+  Line(&o, "opguard_sources_refused_total", "", L(sources_refused));
   Head(&o, "opguard_http_unauthorized_total", "counter",
        "HTTP requests from off loopback answered 401: no token, or a wrong one.");
   Line(&o, "opguard_http_unauthorized_total", "", L(http_unauthorized));
 
-  Head(&o, "opguard_dedup_gaps_given_up_total", "counter",
-       "Missing batch seqs given up to keep a session's dedup window bounded (later arrivals count "
-       "as duplicates).");
-  Line(&o, "opguard_dedup_gaps_given_up_total", "", L(dedup_gaps_given_up));
+  Head(&o, "opguard_dedup_deferred_total", "counter",
+       "Batches answered \"retry later\" because their session already had the most ranges of "
+       "out-of-order seqs the daemon keeps (their senders send them again).");
+  Line(&o, "opguard_dedup_deferred_total", "", L(dedup_deferred));
+  Head(&o, "opguard_batches_text_repaired_total", "counter",
+       "Batches holding text that was not UTF-8 (a setting, an interned string, a communicator name, "
+       "a gap reason), stored with each bad byte written as a hex escape.");
+  Line(&o, "opguard_batches_text_repaired_total", "", L(text_repaired));
+  Head(&o, "opguard_dedup_checked_total", "counter",
+       "Batches of a session forgotten and sent again, applied with each record checked against "
+       "the store so that counters count distinct records.");
+  Line(&o, "opguard_dedup_checked_total", "", L(dedup_checked));
   Head(
       &o, "opguard_ingest_inflight_bytes", "gauge",
       "Bytes of batches received and not yet acknowledged (bounded by ingest.max_inflight_bytes).");

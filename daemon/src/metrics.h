@@ -53,8 +53,13 @@ struct Metrics {
   std::atomic<uint64_t> queries_client_gone{0}, queries_over_budget{0};
   std::atomic<uint64_t> explanations_asked{0};  // calls to explain.endpoint
   std::atomic<uint64_t> curve_denied{0};        // CURVE clients not in curve.authorized_keys
+  std::atomic<uint64_t> http_evicted{0};        // at the cap: the connection waiting longest for a request closed
+  std::atomic<uint64_t> http_misdirected{0};    // HTTP requests whose Host names another site (421)
+  std::atomic<uint64_t> sources_refused{0};     // source files over ingest.max_source_bytes, not stored
   std::atomic<uint64_t> http_unauthorized{0};   // HTTP requests off loopback without the token
-  std::atomic<uint64_t> dedup_gaps_given_up{0};  // missing seqs given up (SessionState::kMaxRanges)
+  std::atomic<uint64_t> dedup_deferred{0};  // "retry later": one out-of-order range too many (SessionState::kMaxRanges)
+  std::atomic<uint64_t> text_repaired{0};   // batches with text that was not UTF-8, stored repaired
+  std::atomic<uint64_t> dedup_checked{0};   // batches of a revived session, records checked against the store
   std::atomic<uint64_t> inflight_bytes{0};       // gauge: received, not yet acknowledged
   std::atomic<uint64_t> ingest_paused_micros{0};  // receiver not reading: budget exhausted
   // Disk space (docs/storage.md).

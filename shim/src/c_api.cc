@@ -16,6 +16,7 @@
 #include "config.h"
 #include "opguard/common/log.h"
 #include "opguard/shim.h"
+#include "opguard/common/utf8.h"
 #include "shim_core.h"
 
 #ifdef OPGUARD_SHIM_HAVE_FINGERPRINT
@@ -202,7 +203,8 @@ OPGUARD_API int opguard_set_run_info(int kind, const char* key, const char* valu
 OPGUARD_API uint64_t opguard_intern(const char* text, size_t len) {
   return Guard("opguard_intern", uint64_t{0}, [&]() -> uint64_t {
     if (text == nullptr) return 0;
-    std::string_view s(text, len);
+    std::string repaired;
+    std::string_view s = opguard::RepairedUtf8(std::string_view(text, len), &repaired);
     Core* core = Active();
     return core != nullptr ? core->Intern(s) : opguard::shim::StringId(s);
   });
@@ -210,8 +212,9 @@ OPGUARD_API uint64_t opguard_intern(const char* text, size_t len) {
 
 OPGUARD_API uint64_t opguard_site(const char* file, uint32_t line, const char* function) {
   return Guard("opguard_site", uint64_t{0}, [&]() -> uint64_t {
-    std::string_view f = opguard::shim::EmptyIfNull(file);
-    std::string_view fn = opguard::shim::EmptyIfNull(function);
+    std::string file_repaired, function_repaired;
+    std::string_view f = opguard::RepairedUtf8(opguard::shim::EmptyIfNull(file), &file_repaired);
+    std::string_view fn = opguard::RepairedUtf8(opguard::shim::EmptyIfNull(function), &function_repaired);
     Core* core = Active();
     return core != nullptr ? core->Site(f, line, fn) : opguard::shim::SiteId(f, line, fn);
   });
@@ -221,7 +224,10 @@ OPGUARD_API uint64_t opguard_source_file(const char* path, const void* content, 
   return Guard("opguard_source_file", uint64_t{0}, [&]() -> uint64_t {
     if (path == nullptr) return 0;
     Core* core = Active();
-    return core != nullptr ? core->SourceFile(path, content, len) : opguard::shim::StringId(path);
+    // The file is read under its own bytes; its name is sent repaired.
+    std::string repaired;
+    return core != nullptr ? core->SourceFile(path, content, len)
+                           : opguard::shim::StringId(opguard::RepairedUtf8(path, &repaired));
   });
 }
 
@@ -253,7 +259,9 @@ OPGUARD_API int opguard_report_gap(uint32_t lane, uint64_t count, const char* re
   return Guard("opguard_report_gap", OPGUARD_ERR_DISABLED, [&] {
     Core* core = Active();
     if (core == nullptr) return OPGUARD_ERR_DISABLED;
-    return core->ReportGap(lane, count, opguard::shim::EmptyIfNull(reason), first_op_out);
+    std::string repaired;
+    return core->ReportGap(lane, count, opguard::RepairedUtf8(opguard::shim::EmptyIfNull(reason), &repaired),
+                           first_op_out);
   });
 }
 
@@ -361,7 +369,8 @@ OPGUARD_API int opguard_pending_fail(uint64_t handle, const char* reason) {
   return Guard("opguard_pending_fail", OPGUARD_ERR_DISABLED, [&] {
     Core* core = Active();
     if (core == nullptr) return OPGUARD_ERR_DISABLED;
-    return core->PendingFail(handle, opguard::shim::EmptyIfNull(reason));
+    std::string repaired;
+    return core->PendingFail(handle, opguard::RepairedUtf8(opguard::shim::EmptyIfNull(reason), &repaired));
   });
 }
 

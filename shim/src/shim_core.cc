@@ -666,7 +666,10 @@ uint64_t Core::Site(std::string_view file, uint32_t line, std::string_view funct
 }
 
 uint64_t Core::SourceFile(std::string_view path, const void* content, size_t len) {
-  uint64_t id = Intern(path);
+  // Named by its path repaired to UTF-8 (the id the C API gives it); a file
+  // read here is read under the path's own bytes.
+  std::string repaired;
+  uint64_t id = Intern(RepairedUtf8(path, &repaired));
   if (!accepting()) return id;
   bool from_path = content == nullptr;
   std::string_view bytes = from_path ? path : std::string_view(static_cast<const char*>(content), len);
@@ -685,7 +688,8 @@ uint64_t Core::SourceFile(std::string_view path, const void* content, size_t len
 uint64_t Core::DefineCommunicator(const opguard_communicator& in) {
   opguard_communicator c;
   if (!CopySized(&in, &c)) return 0;
-  std::string_view name = c.name != nullptr ? std::string_view(c.name) : std::string_view();
+  std::string repaired;  // every member repairs alike, so the id still agrees
+  std::string_view name = RepairedUtf8(c.name != nullptr ? std::string_view(c.name) : std::string_view(), &repaired);
   uint32_t num_ranks = c.ranks != nullptr ? c.size : 0;
   uint64_t id = c.id;
   if (id == 0) {
@@ -841,10 +845,13 @@ int Core::PendingResolve(uint64_t handle, const FpResult& result) {
 }
 
 int Core::PendingFail(uint64_t handle, std::string_view reason) {
-  // The reason goes into a gap notice: the daemon refuses text that is not UTF-8.
+  // The reason goes into a gap notice, which must be UTF-8 (the C API repairs it).
   if (reason.empty() || !IsValidUtf8(reason)) reason = "failed";
   std::lock_guard<std::mutex> lock(mu_);
-  if (!pending_.Fail(handle, reason.substr(0, 200))) return OPGUARD_ERR_INVALID;
+  // At most 200 bytes, cut between characters.
+  std::string_view cut = reason.substr(0, 200);
+  while (!IsValidUtf8(cut)) cut.remove_suffix(1);
+  if (!pending_.Fail(handle, cut)) return OPGUARD_ERR_INVALID;
   ReleaseHeldLocked();
   return OPGUARD_OK;
 }

@@ -11,6 +11,9 @@
 //   api_child held N        2N ops on lane 0, every other one waiting for a fingerprint
 //                           that another thread resolves later, in reverse order (the
 //                           middle one fails); return from main (exit flush)
+//   api_child latin1        ops 3-5 at a call site under a Latin-1 path, with a Latin-1
+//                           op name, source file and gap reason (bytes that are not UTF-8
+//                           through every string argument of the C API)
 #include <dirent.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -190,6 +193,23 @@ int main(int argc, char** argv) {
     std::printf("bad=%d\n", bad);
     std::fflush(stdout);
     return 0;
+  }
+  if (mode == "latin1") {
+    const char* path = "/home/\xe9l\xe8ve/train.py";
+    const uint64_t latin1_site = opguard_site(path, 12, "f\xf6rward");
+    const uint64_t latin1_name = opguard_intern("aten::caf\xe9", 10);
+    const uint64_t source = opguard_source_file(path, "x = 1\n", 6);
+    int bad = 0;
+    for (int i = 0; i < 3; ++i) bad += RecordOne(name, site, i + 1) != OPGUARD_OK;
+    for (int i = 3; i < 6; ++i) bad += RecordOne(latin1_name, latin1_site, i + 1) != OPGUARD_OK;
+    uint64_t first = 0;
+    bad += opguard_report_gap(0, 2, "lost under /home/\xe9l\xe8ve", &first) != OPGUARD_OK;
+    bad += RecordOne(name, site, 100) != OPGUARD_OK;
+    std::printf("bad=%d\nsite=%llu\nname=%llu\nsource=%llu\ngap_first=%llu\n", bad,
+                static_cast<unsigned long long>(latin1_site), static_cast<unsigned long long>(latin1_name),
+                static_cast<unsigned long long>(source), static_cast<unsigned long long>(first));
+    std::fflush(stdout);
+    return bad == 0 ? 0 : 1;
   }
   if (mode == "noblock") {
     long ok = 0;

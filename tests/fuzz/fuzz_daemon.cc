@@ -76,6 +76,9 @@ FuzzDaemon::FuzzDaemon(std::vector<std::string> peers) : dir_(MakeTempDir()) {
   config_.listen = "";
   config_.query_socket = "";
   config_.http = "127.0.0.1:0";
+  // The corpus' requests say "Host: x": a name of this daemon, so they reach
+  // the routes (other names are answered 421 before routing).
+  config_.http_host_names = {"x"};
   config_.socket_group = "";
   config_.peers = std::move(peers);
   // Small memtables and cache: the harnesses write little.

@@ -3,6 +3,7 @@
 #include <string_view>
 
 #include "opguard/common/saturating.h"
+#include "opguard/common/utf8.h"
 #include "opguard/daemon/report_wire.h"
 #include "storage/record_copy.h"
 
@@ -23,6 +24,8 @@ RecordCounts& RecordCounts::operator+=(const RecordCounts& o) {
   sites += o.sites;
   sources += o.sources;
   gap_notices += o.gap_notices;
+  already_stored += o.already_stored;
+  sources_refused += o.sources_refused;
   op_gap_records = SaturatingAdd(op_gap_records, o.op_gap_records);
   collective_gap_records = SaturatingAdd(collective_gap_records, o.collective_gap_records);
   return *this;
@@ -45,14 +48,12 @@ void BatchWriter::PutDefinitions(const wire::Batch& batch, uint64_t run, StoreBa
   if (const auto* v = batch.strings()) {
     for (const auto* s : *v) {
       if (s->text() == nullptr) continue;
-      out->PutString(run, s->id(), s->text()->string_view());
-      ++n->strings;
+      if (out->PutString(run, s->id(), RepairedUtf8(s->text()->string_view(), &text_))) ++n->strings;
     }
   }
   if (const auto* v = batch.sites()) {
     for (const auto* s : *v) {
-      out->PutSite(run, s->id(), SiteDef{s->file(), s->line(), s->function()});
-      ++n->sites;
+      if (out->PutSite(run, s->id(), SiteDef{s->file(), s->line(), s->function()})) ++n->sites;
     }
   }
   if (const auto* v = batch.communicators()) {
@@ -91,7 +92,11 @@ void BatchWriter::PutOps(const wire::Batch& batch, const uint8_t* buffer, size_t
         out->PutOpCores(run, rank, lane, w.last_op(), cores);
       }
     }
-    out->PutOpChunk(run, rank, lane, w.last_op(), w.Finish(codec_));
+    if (out->PutOpChunk(run, rank, lane, w.last_op(), w.Finish(codec_))) {
+      n->ops += w.count();
+    } else {
+      n->already_stored += w.count();
+    }
     w.Clear();
   };
   // One open chunk per lane of this batch (lanes are few; usually one).
@@ -123,7 +128,6 @@ void BatchWriter::PutOps(const wire::Batch& batch, const uint8_t* buffer, size_t
     }
   }
   for (size_t i = 0; i < open_lanes; ++i) put_chunk(chunk_lanes_[i], chunks_[i]);
-  n->ops += v->size();
 }
 
 void BatchWriter::PutCollectives(const wire::Batch& batch, uint64_t run, StoreBatch* out,
@@ -133,17 +137,25 @@ void BatchWriter::PutCollectives(const wire::Batch& batch, uint64_t run, StoreBa
   for (const auto* c : *v) {
     fbb_.Clear();
     fbb_.Finish(CopyCollectiveRecord(fbb_, c));
-    out->PutCollective(run, batch.rank(), c->communicator(), c->seq(),
-                       static_cast<uint8_t>(c->phase()), Finished(fbb_));
-    if (c->phase() == wire::CollectivePhase::Completed) ++n->collectives;
+    if (!out->PutCollective(run, batch.rank(), c->communicator(), c->seq(),
+                            static_cast<uint8_t>(c->phase()), Finished(fbb_))) {
+      ++n->already_stored;
+    } else if (c->phase() == wire::CollectivePhase::Completed) {
+      ++n->collectives;
+    }
   }
 }
 
 void BatchWriter::PutSteps(const wire::Batch& batch, uint64_t run, StoreBatch* out, RecordCounts* n) {
   const auto* v = batch.steps();
   if (v == nullptr) return;
-  for (const auto* s : *v) out->PutStep(run, batch.rank(), s->lane(), s->step(), s->op_index(), s->time_ns());
-  n->steps += v->size();
+  for (const auto* s : *v) {
+    if (out->PutStep(run, batch.rank(), s->lane(), s->step(), s->op_index(), s->time_ns())) {
+      ++n->steps;
+    } else {
+      ++n->already_stored;
+    }
+  }
 }
 
 void BatchWriter::PutGaps(const wire::Batch& batch, uint64_t run, StoreBatch* out, RecordCounts* n) {
@@ -152,13 +164,16 @@ void BatchWriter::PutGaps(const wire::Batch& batch, uint64_t run, StoreBatch* ou
   for (const auto* gap : *v) {
     fbb_.Clear();
     fbb_.Finish(CopyGapNotice(fbb_, gap));
-    if (gap->communicator() != 0) {  // a gap of collective records
-      out->PutCollectiveGap(run, batch.rank(), gap->communicator(), gap->first_seq(), Finished(fbb_));
-      n->collective_gap_records = SaturatingAdd(n->collective_gap_records, gap->records_dropped());
-    } else {
-      out->PutOpGap(run, batch.rank(), gap->lane(), gap->first_op(), Finished(fbb_));
-      n->op_gap_records = SaturatingAdd(n->op_gap_records, gap->records_dropped());
+    const bool collective = gap->communicator() != 0;  // a gap of collective records
+    const bool fresh =
+        collective ? out->PutCollectiveGap(run, batch.rank(), gap->communicator(), gap->first_seq(), Finished(fbb_))
+                   : out->PutOpGap(run, batch.rank(), gap->lane(), gap->first_op(), Finished(fbb_));
+    if (!fresh) {
+      ++n->already_stored;
+      continue;
     }
+    uint64_t* records = collective ? &n->collective_gap_records : &n->op_gap_records;
+    *records = SaturatingAdd(*records, gap->records_dropped());
     ++n->gap_notices;
   }
 }
@@ -169,9 +184,14 @@ void BatchWriter::PutSources(const wire::Batch& batch, uint64_t run, StoreBatch*
   if (v == nullptr) return;
   for (const auto* s : *v) {
     if (s->content() == nullptr) continue;
-    out->PutSource(run, s->file(),
-                   {reinterpret_cast<const char*>(s->content()->data()), s->content()->size()});
-    ++n->sources;
+    if (max_source_bytes_ != 0 && s->content()->size() > max_source_bytes_) {
+      ++n->sources_refused;
+      continue;
+    }
+    if (out->PutSource(run, s->file(),
+                       {reinterpret_cast<const char*>(s->content()->data()), s->content()->size()})) {
+      ++n->sources;
+    }
   }
 }
 

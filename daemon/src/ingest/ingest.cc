@@ -86,9 +86,10 @@ constexpr size_t kMaxNodeBytes = 255;
 // which must be UTF-8, and numbers that size memory are bounded. Returns the
 // reason and what is wrong, or kCount when the batch is within them.
 std::pair<RejectReason, std::string> CheckBatch(const wire::Batch& batch, const Config& config) {
-  if (std::string field = FindText(batch, [](std::string_view t) { return !IsValidUtf8(t); });
-      !field.empty()) {
-    return {RejectReason::kInvalidBatch, field + " is not valid UTF-8"};
+  // The run name is the run's identity: refused, never repaired. Other text
+  // that is not UTF-8 is stored repaired (Text below).
+  if (batch.run() != nullptr && !IsValidUtf8(batch.run()->string_view())) {
+    return {RejectReason::kInvalidBatch, "run name is not valid UTF-8"};
   }
   if (batch.seq() >= (uint64_t{1} << 62)) return {RejectReason::kInvalidBatch, "seq beyond 2^62"};
   const uint64_t max_string = config.max_string_bytes;
@@ -147,13 +148,21 @@ uint64_t AddedMetadataBytes(const RunState& run, const wire::RunAnnounce& a) {
   return n;
 }
 
+// A text of a batch as stored: every byte that is not part of valid UTF-8
+// written as \xNN (what the shim's C API does before sending), so one bad
+// byte costs neither the batch nor the record (docs/daemon.md).
+std::string Text(const flatbuffers::String* s) {
+  if (s == nullptr) return std::string();
+  return IsValidUtf8(s->string_view()) ? s->str() : RepairUtf8(s->string_view());
+}
+
 std::vector<std::pair<std::string, std::string>> Pairs(
     const flatbuffers::Vector<flatbuffers::Offset<wire::KeyValue>>* kv) {
   std::vector<std::pair<std::string, std::string>> out;
   if (kv == nullptr) return out;
   for (const auto* e : *kv) {
     if (e->key() == nullptr) continue;
-    out.emplace_back(e->key()->str(), e->value() ? e->value()->str() : std::string());
+    out.emplace_back(Text(e->key()), Text(e->value()));
   }
   return out;
 }
@@ -185,6 +194,7 @@ struct Ingest::Group {
   explicit Group(const Store* store) : batch(store) {}
 
   StoreBatch batch;
+  uint64_t number = 0;  // groups are numbered from 1 as they open
   std::vector<PendingAck> acks;
   size_t duplicates = 0;
   std::vector<RunUpdate> publish;  // what this group changed, published once durable
@@ -216,7 +226,7 @@ Ingest::Ingest(const Config& config, Store* store, RunRegistry* registry, Metric
       registry_(registry),
       metrics_(metrics),
       context_(context),
-      writer_(ChunkCodecByName(config.compression), config.op_cores),
+      writer_(ChunkCodecByName(config.compression), config.op_cores, config.max_source_bytes),
       unix_ingest_(IsUnixEndpoint(config.ingest)) {}
 
 Ingest::~Ingest() {
@@ -267,6 +277,7 @@ Status Ingest::Start() {
     ApplySocketAccess(ipc_path, config_.socket_group, config_.ingest_socket_mode, "ingest socket");
   }
   open_ = std::make_unique<Group>(store_);
+  open_->number = next_group_++;
   receiver_beat_ns_ = SteadyNs();
   committer_ = std::thread([this] { CommitterLoop(); });
   receiver_ = std::thread([this] { ReceiverLoop(); });
@@ -448,6 +459,16 @@ void Ingest::HandleMessage(std::vector<zmq::message_t>& frames) {
     return Reject(ack, RejectReason::kLimit, error);
   }
   if (!full_reason_.empty()) return Defer(ack);
+  if (std::string field = FindText(*batch, [](std::string_view t) { return !IsValidUtf8(t); });
+      !field.empty()) {
+    metrics_->text_repaired.fetch_add(1, std::memory_order_relaxed);
+    if (!repair_logged_) {
+      repair_logged_ = true;
+      OPGUARD_LOG(LogLevel::kWarn, "ingest: run '" + ack.run + "' rank " + std::to_string(ack.rank) + ": " + field +
+                                       " is not valid UTF-8; stored with each bad byte written as \\xNN "
+                                       "(logged once, counted in opguard_batches_text_repaired_total)");
+    }
+  }
   try {
     ApplyBatch(static_cast<const uint8_t*>(data), *batch, size, sender, ack);
   } catch (const std::exception& e) {
@@ -478,12 +499,12 @@ void Ingest::Reject(PendingAck& ack, RejectReason reason, const std::string& err
 // answered with a code it does not know.
 constexpr uint16_t kRetryAckMinor = 6;
 
-void Ingest::Defer(PendingAck& ack) {
+void Ingest::Defer(PendingAck& ack, const std::string& why) {
   metrics_->batches_deferred.fetch_add(1, std::memory_order_relaxed);
   if (ack.minor < kRetryAckMinor) return;
-  SendAck(ack, wire::AckCode::Retry,
-          "not stored now: " + (full_reason_.empty() ? std::string("the store could not write") : full_reason_) +
-              "; keep the batch and send it again later");
+  const std::string& reason =
+      !why.empty() ? why : !full_reason_.empty() ? full_reason_ : std::string("the store could not write");
+  SendAck(ack, wire::AckCode::Retry, "not stored now: " + reason + "; keep the batch and send it again later");
 }
 
 void Ingest::CheckSpace(int64_t now_ns, bool force) {
@@ -597,16 +618,47 @@ void Ingest::ApplyBatch(const uint8_t* buffer, const wire::Batch& batch, size_t 
   auto [rank_entry, new_rank] = run.ranks.try_emplace(batch.rank());
   if (new_rank) ++working_ranks_;
   RankState& rank = rank_entry->second;
-  SessionState& session = rank.sessions[batch.session()];
+  SessionState& session = rank.Session(batch.session());
   if (session.Applied(batch.seq())) return AckResend(run, batch, ack);
-  if (session.Mark(batch.seq()))
-    metrics_->dedup_gaps_given_up.fetch_add(1, std::memory_order_relaxed);
+  if (!session.CanMark(batch.seq())) {
+    // Marking it would need one more range of out-of-order seqs than the
+    // session keeps: not applied, and not taken for applied either (that
+    // would acknowledge records never stored). The sender sends it again.
+    metrics_->dedup_deferred.fetch_add(1, std::memory_order_relaxed);
+    return Defer(ack, "batch " + std::to_string(batch.seq()) + " of this session arrived after " +
+                          std::to_string(SessionState::kMaxRanges) +
+                          " ranges of batches out of order; send the earlier batches first");
+  }
+  session.Mark(batch.seq());
   session.last_ns = now;
-  rank.TrimSessions();
+  session.group = open_->number;
+  // A revived session may have applied this seq before it was forgotten:
+  // its records count only where the store does not hold them yet. Its
+  // marks from before were durable when it was forgotten, so the store is
+  // the whole answer.
+  const bool checked = session.revived;
+  rank.TrimSessions(durable_group_);
   if (const auto* a = batch.announce()) ApplyAnnounce(*a, &run, &rank);
+  open_->batch.CheckExisting(checked);
   const RecordCounts records = writer_.Write(batch, buffer, bytes, run.id, rank.ops, &open_->batch);
-  CountBatch(records, bytes, now, batch, &rank);
+  open_->batch.CheckExisting(false);
+  if (records.sources_refused > 0 && !source_refusal_logged_) {
+    source_refusal_logged_ = true;
+    OPGUARD_LOG(LogLevel::kWarn, "ingest: run '" + ack.run + "' rank " + std::to_string(batch.rank()) +
+                                     ": a source file larger than ingest.max_source_bytes (" +
+                                     std::to_string(config_.max_source_bytes) +
+                                     ") is not stored; the rest of its batch is (logged once, counted in "
+                                     "opguard_sources_refused_total)");
+  }
   dirty_ranks_[run.id].insert(batch.rank());
+  if (checked) metrics_->dedup_checked.fetch_add(1, std::memory_order_relaxed);
+  if (checked && records.already_stored > 0 && records.counted() == 0) {
+    // Every record was stored already: a resend the marks had forgotten.
+    ++open_->duplicates;
+    open_->bytes += bytes;
+  } else {
+    CountBatch(records, bytes, now, batch, &rank);
+  }
   open_->acks.push_back(std::move(ack));
 }
 
@@ -684,12 +736,12 @@ void Ingest::AckResend(const RunState& run, const wire::Batch& batch, PendingAck
 // announced later (a shim re-announces what it learns while recording, the
 // step rule for one) is added; a key's first value wins.
 void Ingest::ApplyAnnounce(const wire::RunAnnounce& a, RunState* run, RankState* rank) {
-  if (a.node()) rank->node = a.node()->str();
+  if (a.node()) rank->node = Text(a.node());
   rank->local_rank = a.local_rank();
   rank->pid = a.pid();
   bool changed = false;
   auto set_string = [&changed](std::string* field, const flatbuffers::String* v) {
-    if (field->empty() && v && v->size()) *field = v->str(), changed = true;
+    if (field->empty() && v && v->size()) *field = Text(v), changed = true;
   };
   auto set_pairs = [&changed](std::vector<std::pair<std::string, std::string>>* field,
                               const flatbuffers::Vector<flatbuffers::Offset<wire::KeyValue>>* v) {
@@ -807,6 +859,7 @@ void Ingest::SealAndHandOff() {
   } else {
     open_ = std::make_unique<Group>(store_);
   }
+  open_->number = next_group_++;
 }
 
 void Ingest::DrainCommitted() {
@@ -829,6 +882,7 @@ void Ingest::DrainCommitted() {
                   "ingest: " + group->result.message() +
                       "; the batches of this group and the next are answered \"retry later\"");
       RollBack(group.get());
+      durable_group_ = group->number;  // nothing in the working state refers to it any more
       group->Reset();
       spare_ = std::move(group);
       continue;
@@ -847,6 +901,7 @@ void Ingest::DrainCommitted() {
     std::vector<std::pair<std::string, uint64_t>> deleted;
     for (const auto& d : group->deletes) deleted.emplace_back(d.name, d.run_id);
     registry_->Publish(&group->publish, deleted);
+    durable_group_ = group->number;
     // Counters first: a sender that has its ack may ask for them at once.
     const size_t fresh = group->acks.size() - group->duplicates;
     metrics_->batches_durable.fetch_add(fresh, std::memory_order_relaxed);
@@ -857,6 +912,7 @@ void Ingest::DrainCommitted() {
     metrics_->strings.fetch_add(n.strings, std::memory_order_relaxed);
     metrics_->sites.fetch_add(n.sites, std::memory_order_relaxed);
     metrics_->sources.fetch_add(n.sources, std::memory_order_relaxed);
+    metrics_->sources_refused.fetch_add(n.sources_refused, std::memory_order_relaxed);
     metrics_->steps.fetch_add(n.steps, std::memory_order_relaxed);
     metrics_->gap_notices.fetch_add(n.gap_notices, std::memory_order_relaxed);
     Metrics::AddSaturating(&metrics_->gap_records, SaturatingAdd(n.op_gap_records, n.collective_gap_records));

@@ -102,7 +102,8 @@ class Ingest final : public RunWriter {
   void Reject(PendingAck& ack, RejectReason reason, const std::string& error);
   // The store refuses new records (disk full): "retry later" (no ack to a
   // sender too old to know that answer; it resends on its ack timeout).
-  void Defer(PendingAck& ack);
+  // `why`: the reason given ("": the store's, full_reason_).
+  void Defer(PendingAck& ack, const std::string& why = "");
   // Every few hundred ms, and after a failed write: resumes a store stopped
   // for space once there is space again, and updates full_reason_.
   void CheckSpace(int64_t now_ns, bool force);
@@ -146,8 +147,12 @@ class Ingest final : public RunWriter {
   std::map<uint64_t, std::set<uint32_t>> dirty_ranks_;
   std::set<uint64_t> dirty_meta_;
   std::set<std::string> exception_kinds_logged_;  // receiver thread
+  bool repair_logged_ = false;                     // text repaired: logged once
+  bool source_refusal_logged_ = false;             // a source over the limit: logged once
   std::unique_ptr<Group> open_;
   std::unique_ptr<Group> spare_;  // a committed group, kept for reuse
+  uint64_t next_group_ = 1;       // the number the next group opened gets
+  uint64_t durable_group_ = 0;    // every group up to this number is durable (or was rolled back)
   bool committer_busy_ = false;
   uint64_t committing_bytes_ = 0;  // message bytes of the group being written
   int64_t paused_since_ns_ = 0;    // when reading stopped for the budget (0: reading)

@@ -1,6 +1,9 @@
 #include "query/http_auth.h"
 
+#include <arpa/inet.h>
+
 #include <algorithm>
+#include <cctype>
 
 namespace opguard::daemon {
 namespace {
@@ -56,6 +59,35 @@ HttpTokenCheck CheckHttpToken(const std::string& token, bool loopback_peer, std:
 
 std::string TokenCookie(const std::string& token) {
   return std::string(kTokenCookie) + "=" + token + "; Path=/; HttpOnly; SameSite=Strict";
+}
+
+bool HostAllowed(std::string_view host, const std::vector<std::string>& names) {
+  if (host.empty()) return true;
+  if (host.front() == '[') {  // an IPv6 address, with or without a port
+    const size_t end = host.find(']');
+    if (end == std::string_view::npos) return false;
+    const std::string inner(host.substr(1, end - 1));
+    in6_addr v6{};
+    return inet_pton(AF_INET6, inner.c_str(), &v6) == 1 &&
+           (end + 1 == host.size() || host[end + 1] == ':');
+  }
+  if (const size_t colon = host.rfind(':'); colon != std::string_view::npos) {
+    const std::string_view port = host.substr(colon + 1);
+    if (port.empty() || !std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      return false;
+    }
+    host = host.substr(0, colon);
+  }
+  std::string name(host);
+  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (!name.empty() && name.back() == '.') name.pop_back();
+  in_addr v4{};
+  if (inet_pton(AF_INET, name.c_str(), &v4) == 1) return true;
+  if (name == "localhost" || (name.size() > 10 && name.ends_with(".localhost"))) return true;
+  return std::any_of(names.begin(), names.end(), [&name](const std::string& n) {
+    return n.size() == name.size() &&
+           std::equal(n.begin(), n.end(), name.begin(), [](char a, char b) { return std::tolower(static_cast<unsigned char>(a)) == b; });
+  });
 }
 
 }  // namespace opguard::daemon

@@ -7,6 +7,7 @@
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace opguard::daemon {
 
@@ -23,6 +24,14 @@ HttpTokenCheck CheckHttpToken(const std::string& token, bool loopback_peer, std:
 
 // Set-Cookie value for a token accepted from the URL.
 std::string TokenCookie(const std::string& token);
+
+// Whether a request's Host header names this daemon (DNS rebinding: a page
+// of another site that made its name resolve to this address must not read
+// the API). Allowed: no Host (HTTP/1.0 tools; browsers always send one), an
+// IP address (a rebinding page cannot send one: it names its own site),
+// localhost and *.localhost, and `names` (this node's host name and
+// http.host_names), case-insensitively, with or without a port.
+bool HostAllowed(std::string_view host, const std::vector<std::string>& names);
 
 // Whether `token` can travel in a header, a cookie and a URL unescaped.
 bool IsValidToken(std::string_view token);

@@ -1,5 +1,7 @@
 #include "query/http_server.h"
 
+#include <unistd.h>
+
 #include <utility>
 
 #include <boost/asio/strand.hpp>
@@ -9,6 +11,9 @@
 #include <boost/asio/post.hpp>
 
 #include <algorithm>
+#include <vector>
+#include <mutex>
+#include <atomic>
 #include <array>
 #include <chrono>
 #include <cstring>
@@ -104,34 +109,77 @@ int HttpStatus(const Status& st) {
   }
 }
 
+// A request's header (request line included) is at most this long; a
+// longer one is answered 431, or 414 when its request line alone is.
+constexpr uint32_t kMaxHeaderBytes = 8 << 10;
+// A request arrives whole within this time of the connection (or the last
+// answer) being ready for it, however slowly its bytes trickle in; an idle
+// keep-alive connection is closed after it too.
+constexpr auto kRequestTimeout = std::chrono::seconds(10);
+
+int64_t SteadyNowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 // One connection: read a request, answer, repeat while keep-alive.
 class Session : public std::enable_shared_from_this<Session> {
  public:
   // metrics->http_connections counts live sessions (the server's cap reads it).
   Session(tcp::socket socket, QueryService* service, Metrics* metrics, Store* store,
-          const std::string* web_root, const std::string* token)
+          const std::string* web_root, const std::string* token, const std::vector<std::string>* host_names)
       : stream_(std::move(socket)), service_(service), metrics_(metrics), store_(store),
-        web_root_(web_root), token_(token) {
+        web_root_(web_root), token_(token), host_names_(host_names) {
     metrics_->http_connections.fetch_add(1, std::memory_order_relaxed);
   }
   ~Session() { metrics_->http_connections.fetch_sub(1, std::memory_order_relaxed); }
 
   void Start() { Read(); }
 
+  // Since when it waits for a request (0: it is answering one).
+  int64_t reading_since_ns() const { return reading_since_ns_.load(std::memory_order_relaxed); }
+  // Any thread: closes the connection (its pending read ends).
+  void Evict() {
+    asio::post(stream_.get_executor(), [self = shared_from_this()] {
+      beast::error_code ec;
+      self->stream_.socket().close(ec);
+    });
+  }
+
  private:
   void Read() {
     parser_.emplace();
+    parser_->header_limit(kMaxHeaderBytes);
     parser_->body_limit(64 * 1024);
-    stream_.expires_after(std::chrono::seconds(30));
+    stream_.expires_after(kRequestTimeout);
+    reading_since_ns_.store(SteadyNowNs(), std::memory_order_relaxed);
     http::async_read(stream_, buffer_, *parser_,
                      [self = shared_from_this()](beast::error_code ec, size_t) { self->OnRead(ec); });
   }
 
   void OnRead(beast::error_code ec) {
+    reading_since_ns_.store(0, std::memory_order_relaxed);
+    if (ec == http::error::header_limit || ec == http::error::body_limit) {
+      // Answered, then closed: what follows cannot be framed.
+      client_done_ = true;
+      drain_ = true;
+      if (ec == http::error::body_limit) return Write(Error(413, "request body larger than 64 KiB"));
+      // The parser sets the target once the request line is complete.
+      if (parser_->get().target().empty()) {
+        return Write(Error(414, "request line longer than " + std::to_string(kMaxHeaderBytes) + " bytes"));
+      }
+      return Write(Error(431, "request header longer than " + std::to_string(kMaxHeaderBytes) + " bytes"));
+    }
     if (ec) return Close();
     auto& req = parser_->get();
     metrics_->http_requests.fetch_add(1, std::memory_order_relaxed);
     std::string method(req.method_string()), target(req.target());
+    if (const auto host = req[http::field::host]; !HostAllowed(std::string_view(host.data(), host.size()), *host_names_)) {
+      metrics_->http_misdirected.fetch_add(1, std::memory_order_relaxed);
+      return Write(Error(421, "Host '" + std::string(host) +
+                                  "' does not name this daemon: use its address, localhost, this node's host "
+                                  "name or a name of http.host_names"));
+    }
     if (!token_->empty()) {
       beast::error_code rec;
       const bool loopback = stream_.socket().remote_endpoint(rec).address().is_loopback() && !rec;
@@ -228,8 +276,9 @@ class Session : public std::enable_shared_from_this<Session> {
   void Write(HttpResponse r) {
     auto& req = parser_->get();
     stream_.expires_after(std::chrono::seconds(30));
+    // A request cut short by a limit has no version yet: answer in HTTP/1.1.
     auto res = std::make_shared<http::response<http::string_body>>(static_cast<http::status>(r.status),
-                                                                    req.version());
+                                                                    req.version() == 10 ? 10 : 11);
     res->set(http::field::server, "opguardd");
     res->set(http::field::content_type, r.content_type);
     res->set(http::field::cache_control, "no-store");
@@ -249,8 +298,24 @@ class Session : public std::enable_shared_from_this<Session> {
     res->prepare_payload();
     response_ = res;
     http::async_write(stream_, *res, [self = shared_from_this(), res](beast::error_code wec, size_t) {
+      if (!wec && self->drain_) return self->DrainAndClose();
       if (wec || !res->keep_alive()) return self->Close();
       self->Read();
+    });
+  }
+
+  // After answering a request it did not read whole: stops sending, then
+  // reads and drops what the client still sends (for at most 2 s), so that
+  // closing with unread bytes does not reset the connection before the
+  // client has read the answer.
+  void DrainAndClose() {
+    Close();
+    stream_.expires_after(std::chrono::seconds(2));  // once: a trickle does not extend it
+    Drain();
+  }
+  void Drain() {
+    stream_.async_read_some(asio::buffer(watch_buffer_), [self = shared_from_this()](beast::error_code ec, size_t) {
+      if (!ec) self->Drain();
     });
   }
 
@@ -264,6 +329,8 @@ class Session : public std::enable_shared_from_this<Session> {
   std::optional<http::request_parser<http::string_body>> parser_;
   std::array<char, 4096> watch_buffer_;
   bool watching_ = false;               // WatchForHangUp's read is pending
+  bool drain_ = false;                  // answered a request not read whole: DrainAndClose
+  std::atomic<int64_t> reading_since_ns_{0};  // see reading_since_ns()
   bool client_done_ = false;            // that read met the client's end of stream
   std::optional<HttpResponse> answer_;  // waits for that read to end
   std::shared_ptr<void> response_;
@@ -272,6 +339,7 @@ class Session : public std::enable_shared_from_this<Session> {
   Store* store_;
   const std::string* web_root_;
   const std::string* token_;  // empty: no token needed
+  const std::vector<std::string>* host_names_;  // HostAllowed's names
   bool set_cookie_ = false;    // this request brought the token in its URL
 };
 
@@ -284,7 +352,7 @@ bool IsAlignerRoute(const std::string& target) {
   if (!split) return false;  // answered 400 on the control thread
   const auto& parts = *split;
   if (parts.size() == 2 && parts[0] == "api" &&
-      (parts[1] == "diff" || parts[1] == "alignment" || parts[1] == "explain")) {
+      (parts[1] == "diff" || parts[1] == "alignment" || parts[1] == "explain" || parts[1] == "verify")) {
     return true;
   }
   return parts.size() == 4 && parts[0] == "api" && parts[1] == "runs" &&
@@ -438,6 +506,10 @@ HttpResponse RouteHttp(const std::string& method, const std::string& target, Que
     if (file.size() > 4096) return Error(400, "file= is longer than 4096 bytes");
     return answer(service->SourceJson(run, file));
   }
+  if (parts.size() == 2 && parts[1] == "verify") {
+    if (error = params.Unknown({"run"}); !error.empty()) return Error(400, error);
+    return answer(service->VerifyJson(params.Text("run"), cancel));
+  }
   // Aligner queries; timeout= bounds each peer's answer (seconds).
   uint64_t timeout_s = 0;
   if (!params.Number("timeout", 0, 3600, &timeout_s, &error)) return Error(400, error);
@@ -526,9 +598,15 @@ HttpResponse RouteHttp(const std::string& method, const std::string& target, Que
   return Error(404, "no such endpoint: " + std::string(path));
 }
 
+struct HttpServer::Live {
+  std::mutex mu;
+  std::vector<std::weak_ptr<Session>> sessions;
+};
+
 HttpServer::HttpServer(asio::io_context* io, QueryService* service, Metrics* metrics, Store* store,
                        std::string web_root)
-    : io_(io), service_(service), metrics_(metrics), store_(store), web_root_(std::move(web_root)) {}
+    : live_(std::make_shared<Live>()), io_(io), service_(service), metrics_(metrics), store_(store),
+      web_root_(std::move(web_root)) {}
 
 HttpServer::~HttpServer() { Stop(); }
 
@@ -550,6 +628,11 @@ Status HttpServer::Start(const std::string& address) {
   if (!ec) acceptor_->bind(endpoint, ec);
   if (!ec) acceptor_->listen(asio::socket_base::max_listen_connections, ec);
   if (ec) return Unavailable("cannot listen for HTTP on " + address + ": " + ec.message());
+  // The names a Host header may give besides addresses and localhost.
+  host_names_.clear();
+  if (service_ != nullptr) host_names_ = service_->config().http_host_names;
+  char node[256] = {};
+  if (::gethostname(node, sizeof node - 1) == 0 && node[0] != '\0') host_names_.emplace_back(node);
   auto bound = acceptor_->local_endpoint();
   address_ = (bound.address().is_v6() ? "[" + bound.address().to_string() + "]" : bound.address().to_string()) +
              ":" + std::to_string(bound.port());
@@ -571,11 +654,25 @@ void HttpServer::Stop() {
 // the descriptors the ingest socket and the store need stay free.
 void HttpServer::Accept() {
   if (!acceptor_) return;
-  if (metrics_->http_connections.load(std::memory_order_relaxed) >= max_connections_)
+  if (metrics_->http_connections.load(std::memory_order_relaxed) >= max_connections_ && !EvictSlowest()) {
     return BackOff();
+  }
   acceptor_->async_accept(asio::make_strand(*io_), [this](beast::error_code ec, tcp::socket socket) {
     if (ec == asio::error::operation_aborted || !acceptor_) return;
-    if (!ec) std::make_shared<Session>(std::move(socket), service_, metrics_, store_, &web_root_, &token_)->Start();
+    if (!ec) {
+      auto session =
+          std::make_shared<Session>(std::move(socket), service_, metrics_, store_, &web_root_, &token_, &host_names_);
+      {
+        std::lock_guard<std::mutex> lock(live_->mu);
+        auto& sessions = live_->sessions;
+        if (sessions.size() >= 2 * max_connections_) {  // the closed ones go
+          sessions.erase(std::remove_if(sessions.begin(), sessions.end(), [](const auto& w) { return w.expired(); }),
+                         sessions.end());
+        }
+        sessions.push_back(session);
+      }
+      session->Start();
+    }
     using boost::system::errc::errc_t;
     for (errc_t out_of : {errc_t::too_many_files_open, errc_t::too_many_files_open_in_system,
                           errc_t::no_buffer_space, errc_t::not_enough_memory}) {
@@ -583,6 +680,26 @@ void HttpServer::Accept() {
     }
     Accept();
   });
+}
+
+bool HttpServer::EvictSlowest() {
+  constexpr int64_t kMinWaitNs = 1'000'000'000;  // a client that just connected is not evicted
+  const int64_t now = SteadyNowNs();
+  std::shared_ptr<Session> slowest;
+  std::lock_guard<std::mutex> lock(live_->mu);
+  auto& sessions = live_->sessions;
+  sessions.erase(std::remove_if(sessions.begin(), sessions.end(), [](const auto& w) { return w.expired(); }),
+                 sessions.end());
+  for (const auto& weak : sessions) {
+    auto s = weak.lock();
+    const int64_t since = s ? s->reading_since_ns() : 0;
+    if (since == 0 || now - since < kMinWaitNs) continue;
+    if (!slowest || since < slowest->reading_since_ns()) slowest = std::move(s);
+  }
+  if (!slowest) return false;
+  metrics_->http_evicted.fetch_add(1, std::memory_order_relaxed);
+  slowest->Evict();
+  return true;
 }
 
 void HttpServer::BackOff() {

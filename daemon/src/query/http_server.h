@@ -12,6 +12,7 @@
 //   GET /api/runs/NAME/ranks/R/lanes                            (lanes, last op each)
 //   GET /api/alignment?reference=A&suspect=B&rank=R[&lane=L][&from=N][&count=M][&op=OP]
 //   GET /api/source?run=NAME&file=PATH     (only files the run sent)
+//   GET /api/verify[?run=NAME]             (scrub: what is damaged; on a worker)
 //   GET /, /diff, /run                     (the viewer's index.html)
 //   GET /FILE                              (the viewer's files, web_files.h)
 //   GET /metrics
@@ -29,6 +30,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "opguard/common/cancel.h"
 #include "opguard/common/status.h"
@@ -81,6 +83,11 @@ class HttpServer {
  private:
   void Accept();
   void BackOff();  // accepts again 100 ms later
+  // At the cap: closes the connection that has waited longest (at least
+  // 1 s) for a request, so that a new client is served; false when none.
+  bool EvictSlowest();
+  struct Live;  // the sessions, for EvictSlowest
+  std::shared_ptr<Live> live_;
   uint64_t max_connections_ = 64;
   boost::asio::io_context* io_;
   QueryService* service_;
@@ -91,6 +98,7 @@ class HttpServer {
   std::string address_;
   const std::string web_root_;
   std::string token_;
+  std::vector<std::string> host_names_;  // see HostAllowed (query/http_auth.h)
 };
 
 }  // namespace opguard::daemon

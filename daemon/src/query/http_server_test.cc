@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "opguard/daemon/config.h"
+#include "query/http_auth.h"
 #include "query/web_files.h"
 
 namespace opguard::daemon {
@@ -26,6 +27,20 @@ TEST(HttpServer, BadPercentEscapesAreRefusedWith400) {
     EXPECT_EQ(r.body.find('\n'), r.body.size() - 1) << target;
   }
   EXPECT_FALSE(IsAlignerRoute("/api/runs/a%zz/ranks"));
+}
+
+TEST(HttpServer, OnlyHostsThatNameTheDaemonAreAnswered) {
+  const std::vector<std::string> names = {"node17", "viewer.internal"};
+  for (const char* host : {"", "127.0.0.1", "127.0.0.1:7456", "10.1.2.3", "[::1]", "[::1]:7456", "localhost",
+                           "LocalHost:7456", "localhost.", "app.localhost", "node17", "NODE17:80",
+                           "viewer.internal.", "viewer.internal:7456"}) {
+    EXPECT_TRUE(HostAllowed(host, names)) << host;
+  }
+  for (const char* host : {"evil.example", "evil.example:7456", "127.0.0.1.nip.io", "localhost.evil.example",
+                           "node17.evil.example", "[::1", "[::1]x", "[evil]", "localhost:", "localhost:http",
+                           "::1", "0x7f.1", "xlocalhost"}) {
+    EXPECT_FALSE(HostAllowed(host, names)) << host;
+  }
 }
 
 TEST(HttpServer, ListensOnLoopbackByDefault) {

@@ -215,6 +215,35 @@ Result<nlohmann::json> QueryService::SourceJson(const std::string& name, const s
   return nlohmann::json{{"run", name}, {"file", file}, {"text", *content}};
 }
 
+Result<nlohmann::json> QueryService::VerifyJson(const std::string& name, const CancelToken* cancel) const {
+  uint64_t run_id = 0;
+  if (!name.empty()) {
+    OPGUARD_ASSIGN_OR_RETURN(RunState run, GetRun(name));
+    run_id = run.id;
+  }
+  OPGUARD_ASSIGN_OR_RETURN(Store::ScrubResult scrub, store_->Scrub(run_id, cancel));
+  std::map<uint64_t, std::string> names;
+  for (const auto& r : ListRuns()) names[r.id] = r.name;
+  nlohmann::json damaged = nlohmann::json::array();
+  for (const auto& [key, ranges] : store_->AllKnownDamage()) {
+    const auto [id, rank] = key;
+    if (run_id != 0 && id != run_id) continue;
+    auto found = names.find(id);
+    if (found == names.end()) continue;  // removed since
+    for (const auto& d : ranges) {
+      damaged.push_back({{"run", found->second}, {"rank", rank}, {"lane", d.lane}, {"first_op", d.first_op},
+                         {"last_op", d.last_op}});
+    }
+  }
+  const bool clean = scrub.errors == 0 && damaged.empty();
+  return nlohmann::json{{"status", clean ? "ok" : "damaged"},
+                        {"scope", name.empty() ? nlohmann::json(nullptr) : nlohmann::json(name)},
+                        {"values_read", scrub.values},
+                        {"ops_read", scrub.ops},
+                        {"read_errors", scrub.errors},
+                        {"damaged_ops", damaged}};
+}
+
 Result<nlohmann::json> QueryService::LanesJson(const std::string& name, uint32_t rank) const {
   OPGUARD_ASSIGN_OR_RETURN(RunState run, GetRun(name));
   if (run.ranks.count(rank) == 0) return NotFound("run '" + name + "' has no rank " + std::to_string(rank));

@@ -59,6 +59,7 @@ struct Caller {
 class QueryService {
  public:
   // `writer` carries out deletions and says whether the store failed.
+  const Config& config() const { return config_; }
   QueryService(const Config& config, Store* store, const RunRegistry* registry, RunWriter* writer,
                Metrics* metrics);
 
@@ -125,6 +126,9 @@ class QueryService {
   // A source file `run` sent, by the path its call sites name; NotFound for
   // any file the run did not send (nothing is read from this machine's disk).
   Result<nlohmann::json> SourceJson(const std::string& run, const std::string& file) const;
+  // Scrubs run `name` ("": the whole store) and answers what is damaged,
+  // found now or by any read since the daemon started (Store::Scrub).
+  Result<nlohmann::json> VerifyJson(const std::string& name, const CancelToken* cancel) const;
   // The lanes of a rank with their last op index (the viewer sizes its lists).
   Result<nlohmann::json> LanesJson(const std::string& run, uint32_t rank) const;
   // An explanation in prose of a diff's evidence (query/explain.h): the kept

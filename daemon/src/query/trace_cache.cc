@@ -67,7 +67,8 @@ RunReader::RunReader(const Store* store, const RunState& run, TraceCache* cache)
 Result<SharedTrace> RunReader::Rank(uint32_t rank, const CancelToken* cancel) {
   auto state = run_.ranks.find(rank);
   const bool known = state != run_.ranks.end();
-  const uint64_t stamp = known ? state->second.batches : 0;
+  // Damage found since a trace was kept makes it stale too (its gaps).
+  const uint64_t stamp = (known ? state->second.batches : 0) + (store_->damage_generation() << 48);
   if (cache_ != nullptr) {
     if (SharedTrace hit = cache_->Find(run_.id, rank, stamp)) return hit;
   }

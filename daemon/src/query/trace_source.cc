@@ -95,10 +95,11 @@ class StoreDetails::TraceBuilder {
   // A damaged chunk is a hole in the trace, never a silent pass nor a
   // failed query. Its first op is unknown: the hole runs from after the
   // lane's last op to the key's op (the chunk's last).
-  void Hole(uint32_t lane_id, uint64_t key_op) {
+  aligner::Gap Hole(uint32_t lane_id, uint64_t key_op) {
     const bool same_lane = lane_ != nullptr && lane_->lane == lane_id;
     const uint64_t from = same_lane && !lane_->ops.empty() ? lane_->ops.back().op_index + 1 : key_op;
     trace_->gaps.push_back({lane_id, std::min(from, key_op), key_op});
+    return trace_->gaps.back();
   }
 
  private:
@@ -131,6 +132,15 @@ Result<aligner::RankTrace> StoreDetails::LoadRank(uint32_t rank, const CancelTok
   OPGUARD_RETURN_IF_ERROR(ScanKind<wire::GapNotice>(
       *store_, Cf::kEvents, keys::EventKindPrefix(run_, rank, keys::kGapKind), "reading gap notices",
       [&](const wire::GapNotice& g) { trace.gaps.push_back({g.lane(), g.first_op(), g.last_op()}); }));
+  // Damage found earlier in the records (a trace page, a scrub) is a gap of
+  // this trace too, even when it was read from the intact cores: the
+  // records of those ops are lost, and the answer must say so.
+  for (const Store::DamagedOps& d : store_->KnownDamage(run_, rank)) {
+    const bool listed = std::any_of(trace.gaps.begin(), trace.gaps.end(), [&d](const aligner::Gap& g) {
+      return g.lane == d.lane && g.first_op == d.first_op && g.last_op == d.last_op;
+    });
+    if (!listed) trace.gaps.push_back({d.lane, d.first_op, d.last_op});
+  }
   return trace;
 }
 
@@ -148,6 +158,11 @@ Result<bool> StoreDetails::LoadCores(uint32_t rank, const CancelToken* cancel, u
   if (!cores_it_) cores_it_ = store_->NewScan(Cf::kCores, &upper_slice_, /*fill_cache=*/false);
   rocksdb::Iterator* it = cores_it_.get();
   it->Seek(marker);
+  if (!it->Valid() && !it->status().ok()) {
+    store_->NoteReadError("the event cores of run id " + std::to_string(run_) + " rank " + std::to_string(rank),
+                          it->status().ToString());
+    return false;
+  }
   if (!it->Valid() || it->key() != rocksdb::Slice(marker) ||
       it->value() != rocksdb::Slice(keys::CoresCompleteValue(aligner::kOpEventCoreVersion))) {
     return false;
@@ -161,14 +176,26 @@ Result<bool> StoreDetails::LoadCores(uint32_t rank, const CancelToken* cancel, u
     if (!key.starts_with(marker)) break;
     if (key.size() != keys::kOpKeySize) return false;
     const uint32_t lane = keys::OpKeyLane(key);
-    if (cores.OpenCores(keys::OpKeyIndex(key), it->value().ToStringView()) != OpChunkView::Cores::kRead) {
+    const auto opened = cores.OpenCores(keys::OpKeyIndex(key), it->value().ToStringView());
+    if (opened != OpChunkView::Cores::kRead) {
+      // The chunks answer instead; damage is counted and logged.
+      if (opened == OpChunkView::Cores::kDamaged) {
+        store_->NoteReadError("the event cores of run id " + std::to_string(run_) + " rank " + std::to_string(rank),
+                              "a cores value does not open");
+      }
       return false;
     }
     for (const aligner::OpEventCore& core : cores.cores()) {
       if (builder.Takes(lane, core.op_index)) builder.Add(core);
     }
   }
-  return it->status().ok();
+  if (!it->status().ok()) {
+    // A block whose checksum does not match, an I/O error: the chunks answer.
+    store_->NoteReadError("the event cores of run id " + std::to_string(run_) + " rank " + std::to_string(rank),
+                          it->status().ToString());
+    return false;
+  }
+  return true;
 }
 
 // The trace from the ops chunks: the cores stored in front of a chunk's
@@ -192,7 +219,7 @@ Status StoreDetails::LoadChunks(uint32_t rank, const CancelToken* cancel, uint64
           it_.get(), last_key.empty() ? std::string_view(first_key, sizeof first_key) : last_key,
           !last_key.empty(), &damaged_to_end);
       if (!std::string_view(damaged).starts_with(prefix)) break;  // past this rank
-      builder.Hole(keys::OpKeyLane(damaged), keys::OpKeyIndex(damaged));
+      builder.Hole(keys::OpKeyLane(damaged), keys::OpKeyIndex(damaged));  // SkipDamagedOps noted it
       last_key = damaged;
       if (damaged_to_end) break;
     }
@@ -216,7 +243,8 @@ Status StoreDetails::LoadChunks(uint32_t rank, const CancelToken* cancel, uint64
     // A value of an earlier layout (or whose cores do not open): reduce
     // every record.
     if (!chunk.Open(key_op, it_->value().ToStringView())) {
-      builder.Hole(lane_id, key_op);
+      const aligner::Gap hole = builder.Hole(lane_id, key_op);
+      store_->NoteDamagedOps(key.ToStringView(), hole.first_op, "an ops chunk whose framing or compression does not open");
       continue;
     }
     for (size_t i = 0; i < chunk.size(); ++i) {
@@ -247,7 +275,10 @@ Result<std::map<uint32_t, std::vector<aligner::CollectiveEvent>>> LoadCollective
     auto key = it->key();
     if (key.size() != keys::kCollectiveKeySize) continue;
     auto c = OpenValue<wire::CollectiveRecord>(it->value(), &storage);
-    if (!c.ok()) continue;
+    if (!c.ok()) {
+      store.NoteReadError("a collective record of run id " + std::to_string(run), c.status().message());
+      continue;
+    }
     out[keys::CollectiveKeyRank(key.ToStringView())].push_back(CollectiveFromWire(**c));
   }
   OPGUARD_RETURN_IF_ERROR(FromRocks(it->status(), "reading collectives"));

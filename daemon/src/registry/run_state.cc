@@ -10,8 +10,15 @@ bool SessionState::Applied(uint64_t seq) const {
   return next != above.begin() && seq < std::prev(next)->second;
 }
 
-bool SessionState::Mark(uint64_t seq) {
-  if (Applied(seq)) return false;
+bool SessionState::CanMark(uint64_t seq) const {
+  if (above.size() < kMaxRanges || seq <= contiguous) return true;  // seq == contiguous extends the prefix
+  auto next = above.upper_bound(seq);
+  if (next != above.begin() && seq <= std::prev(next)->second) return true;  // in or just after a range
+  return next != above.end() && next->first == seq + 1;                     // just before one
+}
+
+void SessionState::Mark(uint64_t seq) {
+  if (Applied(seq)) return;
   auto next = above.upper_bound(seq);
   if (next != above.begin() && std::prev(next)->second == seq) {
     ++std::prev(next)->second;  // extends the range below
@@ -23,25 +30,42 @@ bool SessionState::Mark(uint64_t seq) {
     range->second = next->second;
     above.erase(next);
   }
-  bool gave_up = false;
-  if (above.size() > kMaxRanges) {
-    contiguous = above.begin()->first;
-    gave_up = true;
-  }
   if (!above.empty() && above.begin()->first == contiguous) {
     contiguous = above.begin()->second;
     above.erase(above.begin());
   }
-  return gave_up;
 }
 
-void RankState::TrimSessions() {
+void RankState::TrimSessions(uint64_t durable_group) {
   while (sessions.size() > kMaxSessions) {
-    auto oldest = std::min_element(sessions.begin(), sessions.end(), [](const auto& a, const auto& b) {
-      return a.second.last_ns < b.second.last_ns;
-    });
+    auto oldest = sessions.end();
+    for (auto it = sessions.begin(); it != sessions.end(); ++it) {
+      if (it->second.group > durable_group) continue;  // a resend must still find its marks
+      if (oldest == sessions.end() || it->second.last_ns < oldest->second.last_ns) oldest = it;
+    }
+    if (oldest == sessions.end()) return;
+    retired.push_back(oldest->first);
+    if (retired.size() > kMaxRetired) {
+      retired.erase(retired.begin());
+      forgot_retired = true;
+    }
     sessions.erase(oldest);
   }
+}
+
+bool RankState::MaybeSeen(uint64_t session) const {
+  return forgot_retired || std::find(retired.begin(), retired.end(), session) != retired.end();
+}
+
+SessionState& RankState::Session(uint64_t session) {
+  auto found = sessions.find(session);
+  if (found != sessions.end()) return found->second;
+  SessionState& state = sessions[session];
+  if (MaybeSeen(session)) {
+    state.revived = true;
+    retired.erase(std::remove(retired.begin(), retired.end(), session), retired.end());
+  }
+  return state;
 }
 
 uint32_t RunState::WorldSizeVote() const {

@@ -19,18 +19,28 @@ namespace opguard::daemon {
 // plus ranges of seqs above it. Batches usually arrive in order; a missing
 // seq (a rejected batch, a run removed while its job still sends) leaves one
 // range that then grows at its end, so marking and persisting stay O(1) per
-// batch. At most kMaxRanges ranges are kept: beyond that the lowest gap is
-// given up (its seqs count as applied), which bounds the state.
+// batch. At most kMaxRanges ranges are kept, and nothing is ever given up: a
+// seq that would need one more range is not applied (CanMark), its batch is
+// answered "retry later" and the sender sends it again, by then next to a
+// range (docs/daemon.md, "The ingest contract").
 struct SessionState {
   static constexpr size_t kMaxRanges = 64;
 
   uint64_t contiguous = 0;             // every seq < contiguous was applied
   std::map<uint64_t, uint64_t> above;  // applied [first, end) ranges > contiguous, apart
   uint64_t last_ns = 0;                // for dropping old sessions
+  // The session was forgotten once (RankState::TrimSessions) and sent again:
+  // a seq not marked may still have been applied before it was forgotten,
+  // so such a batch is applied with each record checked against the store.
+  bool revived = false;
+  // Not persisted: the ingest commit group that last marked a seq (0: loaded
+  // from the store). A session is forgotten only once that group is durable.
+  uint64_t group = 0;
 
   bool Applied(uint64_t seq) const;
-  // Returns true when marking `seq` gave up a gap (see kMaxRanges).
-  bool Mark(uint64_t seq);
+  // True when `seq` is applied or can be marked within kMaxRanges.
+  bool CanMark(uint64_t seq) const;
+  void Mark(uint64_t seq);
 };
 
 struct RankState {
@@ -50,10 +60,25 @@ struct RankState {
   uint32_t world_size = 0;        // as this rank announced it (0: never announced)
   bool ended = false;
   std::map<uint64_t, SessionState> sessions;
+  // Ids of sessions forgotten by TrimSessions, oldest first: a batch of one
+  // of them may be a resend of a batch already applied.
+  std::vector<uint64_t> retired;
+  // Retired ids were dropped too (more than kMaxRetired): any session not in
+  // `sessions` may be one seen before.
+  bool forgot_retired = false;
 
-  // Keep the dedup state bounded: the most recent sessions only.
+  // Keep the dedup state bounded: the most recent sessions only, and the ids
+  // of the kMaxRetired sessions forgotten before them.
   static constexpr size_t kMaxSessions = 8;
-  void TrimSessions();
+  static constexpr size_t kMaxRetired = 256;
+  // Forgets the least recent sessions beyond kMaxSessions whose marks are
+  // durable (SessionState::group <= durable_group).
+  void TrimSessions(uint64_t durable_group);
+  // A session not in `sessions` that may have been applied before.
+  bool MaybeSeen(uint64_t session) const;
+  // The state of `session` for a batch about to be marked: a new one, or
+  // one brought back from `retired` (revived).
+  SessionState& Session(uint64_t session);
 };
 
 // The owner of a run whose creator is unknown: stored by an older daemon, or

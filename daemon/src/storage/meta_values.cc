@@ -7,8 +7,9 @@ nlohmann::json RankToJson(const RankState& r) {
   for (const auto& [id, s] : r.sessions) {
     nlohmann::json ranges = nlohmann::json::array();
     for (const auto& [first, end] : s.above) ranges.push_back({first, end});
-    sessions.push_back(
-        {{"id", id}, {"contiguous", s.contiguous}, {"ranges", ranges}, {"last_ns", s.last_ns}});
+    nlohmann::json session = {{"id", id}, {"contiguous", s.contiguous}, {"ranges", ranges}, {"last_ns", s.last_ns}};
+    if (s.revived) session["revived"] = true;
+    sessions.push_back(std::move(session));
   }
   return {{"ops", r.ops},
           {"collectives", r.collectives},
@@ -25,7 +26,9 @@ nlohmann::json RankToJson(const RankState& r) {
           {"pid", r.pid},
           {"world_size", r.world_size},
           {"ended", r.ended},
-          {"sessions", sessions}};
+          {"sessions", sessions},
+          {"retired_sessions", r.retired},
+          {"forgot_retired_sessions", r.forgot_retired}};
 }
 
 RankState RankFromJson(const nlohmann::json& j) {
@@ -50,6 +53,7 @@ RankState RankFromJson(const nlohmann::json& j) {
       SessionState state;
       state.contiguous = s.value("contiguous", uint64_t{0});
       state.last_ns = s.value("last_ns", uint64_t{0});
+      state.revived = s.value("revived", false);
       if (s.contains("ranges")) {
         for (const auto& range : s["ranges"])
           state.above.emplace(range.at(0).get<uint64_t>(), range.at(1).get<uint64_t>());
@@ -60,6 +64,11 @@ RankState RankFromJson(const nlohmann::json& j) {
       r.sessions[s.value("id", uint64_t{0})] = std::move(state);
     }
   }
+  r.retired = j.value("retired_sessions", std::vector<uint64_t>());
+  // Before retired ids were kept, a forgotten session left no trace: a rank
+  // stored then with a full set of sessions may have forgotten some.
+  r.forgot_retired = j.value("forgot_retired_sessions", r.sessions.size() >= RankState::kMaxSessions &&
+                                                            !j.contains("retired_sessions"));
   return r;
 }
 

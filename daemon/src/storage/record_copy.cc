@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 #include <vector>
+
+#include "opguard/common/utf8.h"
 
 namespace opguard::daemon {
 namespace {
@@ -128,7 +131,8 @@ Offset<wire::CollectiveRecord> CopyCollectiveRecord(FlatBufferBuilder& b,
 
 Offset<wire::CommunicatorDef> CopyCommunicatorDef(FlatBufferBuilder& b,
                                                   const wire::CommunicatorDef* c) {
-  auto name = c->name() ? b.CreateString(c->name()) : 0;
+  std::string repaired;  // text that is not UTF-8 is stored repaired (ingest.cc)
+  auto name = c->name() ? b.CreateString(RepairedUtf8(c->name()->string_view(), &repaired)) : 0;
   auto ranks = CopyScalars(b, c->ranks());
   wire::CommunicatorDefBuilder cb(b);
   cb.add_id(c->id());
@@ -139,7 +143,8 @@ Offset<wire::CommunicatorDef> CopyCommunicatorDef(FlatBufferBuilder& b,
 }
 
 Offset<wire::GapNotice> CopyGapNotice(FlatBufferBuilder& b, const wire::GapNotice* g) {
-  auto reason = g->reason() ? b.CreateString(g->reason()) : 0;
+  std::string repaired;
+  auto reason = g->reason() ? b.CreateString(RepairedUtf8(g->reason()->string_view(), &repaired)) : 0;
   wire::GapNoticeBuilder gb(b);
   gb.add_first_op(g->first_op());
   gb.add_last_op(g->last_op());

@@ -151,6 +151,10 @@ Result<std::unique_ptr<Store>> Store::Open(const Config& config) {
   // bounded no matter how many runs are live.
   rocksdb::DBOptions db_options;
   db_options.create_if_missing = true;
+  // Damage is found, never read past (RocksDB's defaults, stated): files are
+  // checked as they are opened, and every read verifies block and blob
+  // checksums (ReadOptions::verify_checksums, on in every ReadOptions here).
+  db_options.paranoid_checks = true;
   db_options.create_missing_column_families = true;
   db_options.max_background_jobs = config.background_jobs;
   db_options.bytes_per_sync = 1 << 20;
@@ -591,8 +595,14 @@ Status Store::ScanOps(uint64_t run, uint32_t rank, uint32_t lane, uint64_t from_
     if (!it->Valid()) break;
     auto key = it->key();
     if (key.size() != keys::kOpKeySize || !key.starts_with(prefix)) continue;
+    const uint64_t first_in_key = last_key.size() == key.size() && key.starts_with(rocksdb::Slice(last_key.data(), 16))
+                                      ? keys::OpKeyIndex(last_key) + 1
+                                      : keys::OpKeyIndex(key.ToStringView());
     last_key = key.ToString();
-    if (!chunk.Open(keys::OpKeyIndex(key.ToStringView()), it->value().ToStringView())) continue;
+    if (!chunk.Open(keys::OpKeyIndex(key.ToStringView()), it->value().ToStringView())) {
+      NoteDamagedOps(key.ToStringView(), first_in_key, "an ops chunk whose framing or compression does not open");
+      continue;
+    }
     for (size_t i = chunk.LowerBound(from_op); i < chunk.size(); ++i) {
       const uint64_t op = chunk.op_index(i);
       if (any && op <= last) continue;
@@ -641,13 +651,114 @@ std::string Store::SkipDamagedOps(rocksdb::Iterator* it, std::string_view key, b
   }
   if (!*to_end) it->Seek(KeyAt(key, good));
   const std::string damaged = KeyAt(key, bad);
-  if (read_errors_.fetch_add(1, std::memory_order_relaxed) == 0) {
-    OPGUARD_LOG(LogLevel::kError, "store: damaged value under ops key " +
-                                      rocksdb::Slice(damaged).ToString(/*hex=*/true) + " (" + error.ToString() +
-                                      "); its ops are answered as a gap (later ones are counted in "
-                                      "opguard_store_read_errors_total)");
+  // Its first op is not known: from just after the last key read fine (the
+  // same lane), else the damaged key's own op.
+  uint64_t first = keys::OpKeyIndex(damaged);
+  if (after_key && key.size() == keys::kOpKeySize && keys::OpKeyLane(key) == keys::OpKeyLane(damaged) &&
+      std::string_view(key).substr(0, 12) == std::string_view(damaged).substr(0, 12)) {
+    first = std::min(first, keys::OpKeyIndex(key) + 1);
   }
+  NoteDamagedOps(damaged, first, error.ToString());
   return damaged;
+}
+
+void Store::NoteDamagedOps(std::string_view key, uint64_t first_op, const std::string& error) const {
+  if (key.size() != keys::kOpKeySize) return NoteReadError("ops key " + rocksdb::Slice(key).ToString(true), error);
+  read_errors_.fetch_add(1, std::memory_order_relaxed);
+  const uint64_t run = keys::GetU64(key.data());
+  const uint32_t rank = keys::GetU32(key.data() + 8);
+  const DamagedOps ops{keys::OpKeyLane(key), first_op, keys::OpKeyIndex(key)};
+  std::lock_guard<std::mutex> lock(damage_mu_);
+  auto& known = damage_[{run, rank}];
+  for (const DamagedOps& d : known) {
+    if (d.lane == ops.lane && d.first_op <= ops.first_op && ops.last_op <= d.last_op) return;  // seen
+  }
+  known.push_back(ops);
+  damage_generation_.fetch_add(1, std::memory_order_relaxed);
+  OPGUARD_LOG(LogLevel::kError, "store: damaged data, run id " + std::to_string(run) + " rank " +
+                                    std::to_string(rank) + " lane " + std::to_string(ops.lane) + " ops " +
+                                    std::to_string(ops.first_op) + ".." + std::to_string(ops.last_op) + " (" +
+                                    error + "); answers that read them are incomplete "
+                                    "(counted in opguard_store_read_errors_total)");
+}
+
+void Store::NoteReadError(const std::string& what, const std::string& error) const {
+  read_errors_.fetch_add(1, std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lock(damage_mu_);
+  if (damage_logged_.size() < 1000 && damage_logged_.insert(what).second) {
+    OPGUARD_LOG(LogLevel::kError, "store: damaged data in " + what + " (" + error +
+                                      "); counted in opguard_store_read_errors_total");
+  }
+}
+
+std::map<std::pair<uint64_t, uint32_t>, std::vector<Store::DamagedOps>> Store::AllKnownDamage() const {
+  std::lock_guard<std::mutex> lock(damage_mu_);
+  return damage_;
+}
+
+Result<Store::ScrubResult> Store::Scrub(uint64_t run, const CancelToken* cancel) const {
+  ScrubResult result;
+  const uint64_t errors_before = read_errors();
+  const std::string begin = run == 0 ? std::string() : keys::RunBegin(run);
+  const std::string end = run == 0 ? std::string() : keys::RunBegin(run + 1);
+  rocksdb::Slice end_slice(end);
+  // The ops: every chunk opened; a value that does not read is skipped as
+  // ScanOps does, so one damaged blob does not hide the rest.
+  {
+    auto it = NewScan(Cf::kOps, run == 0 ? nullptr : &end_slice, /*fill_cache=*/false);
+    OpChunkView chunk;
+    std::string last_key;
+    const std::string first_key = keys::OpKey(run, 0, 0, 0);  // run 0: below every run id
+    for (it->Seek(first_key);; it->Next()) {
+      while (!it->Valid() && !it->status().ok()) {
+        bool to_end = false;
+        last_key = SkipDamagedOps(it.get(), last_key.empty() ? std::string_view(first_key) : std::string_view(last_key),
+                                  !last_key.empty(), &to_end);
+        if (to_end) break;
+      }
+      if (!it->Valid()) break;
+      if (++result.values % 256 == 0 && cancel != nullptr) OPGUARD_RETURN_IF_ERROR(cancel->Check());
+      const auto key = it->key();
+      if (key.size() != keys::kOpKeySize) continue;
+      const bool same_lane = last_key.size() == key.size() && key.starts_with(rocksdb::Slice(last_key.data(), 16));
+      const uint64_t first = same_lane ? keys::OpKeyIndex(last_key) + 1 : keys::OpKeyIndex(key.ToStringView());
+      last_key = key.ToString();
+      if (!chunk.Open(keys::OpKeyIndex(key.ToStringView()), it->value().ToStringView())) {
+        NoteDamagedOps(key.ToStringView(), first, "an ops chunk whose framing or compression does not open");
+        continue;
+      }
+      result.ops += chunk.size();
+    }
+  }
+  // Every other column family: each value read (and its block's checksum
+  // verified). A damaged block ends the scan of its family, said as such.
+  for (Cf which : {Cf::kCollectives, Cf::kStrings, Cf::kSources, Cf::kEvents, Cf::kCores}) {
+    if (!Has(which)) continue;
+    auto it = NewScan(which, run == 0 ? nullptr : &end_slice, /*fill_cache=*/false);
+    uint64_t checksum = 0;
+    for (it->Seek(begin); it->Valid(); it->Next()) {
+      if (++result.values % 256 == 0 && cancel != nullptr) OPGUARD_RETURN_IF_ERROR(cancel->Check());
+      checksum += it->value().size();  // reads the value
+    }
+    if (!it->status().ok()) {
+      NoteReadError(std::string("the ") + CfName(which) + " column family" +
+                        (run == 0 ? std::string() : " of run id " + std::to_string(run)),
+                    it->status().ToString());
+    }
+    (void)checksum;
+  }
+  if (run == 0) {
+    // Every SST file's blocks, including those no key range above reaches.
+    if (rocksdb::Status st = db_->VerifyChecksum(); !st.ok()) NoteReadError("the store's files", st.ToString());
+  }
+  result.errors = read_errors() - errors_before;
+  return result;
+}
+
+std::vector<Store::DamagedOps> Store::KnownDamage(uint64_t run, uint32_t rank) const {
+  std::lock_guard<std::mutex> lock(damage_mu_);
+  auto found = damage_.find({run, rank});
+  return found == damage_.end() ? std::vector<DamagedOps>() : found->second;
 }
 
 std::optional<uint32_t> Store::NextLane(uint64_t run, uint32_t rank, uint32_t lane) const {
@@ -699,7 +810,12 @@ std::map<uint64_t, std::string> Store::GetDefs(uint64_t run, char kind,
   std::vector<std::string> values;
   auto statuses = db_->MultiGet(rocksdb::ReadOptions(), cfs, key_slices, &values);
   for (size_t i = 0; i < ids.size(); ++i) {
-    if (statuses[i].ok()) out[ids[i]] = std::move(values[i]);
+    if (statuses[i].ok()) {
+      out[ids[i]] = std::move(values[i]);
+    } else if (!statuses[i].IsNotFound()) {
+      NoteReadError(std::string("the definitions (kind '") + kind + "') of run id " + std::to_string(run),
+                    statuses[i].ToString());
+    }
   }
   return out;
 }
@@ -715,6 +831,11 @@ std::map<uint64_t, SiteDef> Store::GetSites(uint64_t run, const std::vector<uint
     if (keys::DecodeSiteValue(value, &s.file, &s.line, &s.function)) out[id] = s;
   }
   return out;
+}
+
+bool Store::Contains(Cf which, const rocksdb::Slice& key) const {
+  rocksdb::PinnableSlice value;
+  return db_->Get(rocksdb::ReadOptions(), cf(which), key, &value).ok();
 }
 
 std::optional<std::string> Store::GetSource(uint64_t run, uint64_t file) const {
@@ -784,6 +905,12 @@ rocksdb::Slice AsSlice(std::string_view v) { return rocksdb::Slice(v.data(), v.s
 
 rocksdb::ColumnFamilyHandle* StoreBatch::cf(Cf which) const { return store_->cf(which); }
 
+bool StoreBatch::Put(Cf which, const rocksdb::Slice& key, const rocksdb::Slice& value) {
+  const bool fresh = !check_existing_ || !store_->Contains(which, key);
+  batch_.Put(cf(which), key, value);
+  return fresh;
+}
+
 void StoreBatch::PutNextRunId(uint64_t next_id) {
   std::string value;
   keys::PutU64(&value, next_id);
@@ -798,24 +925,24 @@ void StoreBatch::PutRank(uint64_t run, uint32_t rank, const RankState& state) {
   batch_.Put(cf(Cf::kMeta), keys::MetaRankKey(run, rank), RankToJson(state).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
 }
 
-void StoreBatch::PutString(uint64_t run, uint64_t id, std::string_view text) {
-  batch_.Put(cf(Cf::kStrings), keys::DefKey(run, keys::kStringKind, id), AsSlice(text));
+bool StoreBatch::PutString(uint64_t run, uint64_t id, std::string_view text) {
+  return Put(Cf::kStrings, keys::DefKey(run, keys::kStringKind, id), AsSlice(text));
 }
 
-void StoreBatch::PutSite(uint64_t run, uint64_t id, const SiteDef& site) {
-  batch_.Put(cf(Cf::kStrings), keys::DefKey(run, keys::kSiteKind, id),
+bool StoreBatch::PutSite(uint64_t run, uint64_t id, const SiteDef& site) {
+  return Put(Cf::kStrings, keys::DefKey(run, keys::kSiteKind, id),
              keys::SiteValue(site.file, site.line, site.function));
 }
 
-void StoreBatch::PutCommunicator(uint64_t run, uint64_t id, std::string_view def) {
-  batch_.Put(cf(Cf::kStrings), keys::DefKey(run, keys::kCommunicatorKind, id), AsSlice(def));
+bool StoreBatch::PutCommunicator(uint64_t run, uint64_t id, std::string_view def) {
+  return Put(Cf::kStrings, keys::DefKey(run, keys::kCommunicatorKind, id), AsSlice(def));
 }
 
-void StoreBatch::PutOpChunk(uint64_t run, uint32_t rank, uint32_t lane, uint64_t last_op,
+bool StoreBatch::PutOpChunk(uint64_t run, uint32_t rank, uint32_t lane, uint64_t last_op,
                             std::string_view chunk) {
   char key[keys::kOpKeySize];
   keys::EncodeOpKey(key, run, rank, lane, last_op);
-  batch_.Put(cf(Cf::kOps), rocksdb::Slice(key, sizeof key), AsSlice(chunk));
+  return Put(Cf::kOps, rocksdb::Slice(key, sizeof key), AsSlice(chunk));
 }
 
 void StoreBatch::PutOpCores(uint64_t run, uint32_t rank, uint32_t lane, uint64_t last_op,
@@ -834,32 +961,32 @@ void StoreBatch::DeleteCoresComplete(uint64_t run, uint32_t rank) {
   batch_.Delete(cf(Cf::kCores), keys::CoresCompleteKey(run, rank));
 }
 
-void StoreBatch::PutCollective(uint64_t run, uint32_t rank, uint64_t communicator, uint64_t seq,
+bool StoreBatch::PutCollective(uint64_t run, uint32_t rank, uint64_t communicator, uint64_t seq,
                                uint8_t phase, std::string_view record) {
-  batch_.Put(cf(Cf::kCollectives), keys::CollectiveKey(run, communicator, seq, rank, phase),
+  return Put(Cf::kCollectives, keys::CollectiveKey(run, communicator, seq, rank, phase),
              AsSlice(record));
 }
 
-void StoreBatch::PutStep(uint64_t run, uint32_t rank, uint32_t lane, uint64_t step, uint64_t op_index,
+bool StoreBatch::PutStep(uint64_t run, uint32_t rank, uint32_t lane, uint64_t step, uint64_t op_index,
                          uint64_t time_ns) {
-  batch_.Put(cf(Cf::kEvents), keys::EventKey(run, rank, keys::kStepKind, lane, step),
+  return Put(Cf::kEvents, keys::EventKey(run, rank, keys::kStepKind, lane, step),
              keys::StepValue(op_index, time_ns));
 }
 
-void StoreBatch::PutOpGap(uint64_t run, uint32_t rank, uint32_t lane, uint64_t first_op,
+bool StoreBatch::PutOpGap(uint64_t run, uint32_t rank, uint32_t lane, uint64_t first_op,
                           std::string_view notice) {
-  batch_.Put(cf(Cf::kEvents), keys::EventKey(run, rank, keys::kGapKind, lane, first_op),
+  return Put(Cf::kEvents, keys::EventKey(run, rank, keys::kGapKind, lane, first_op),
              AsSlice(notice));
 }
 
-void StoreBatch::PutCollectiveGap(uint64_t run, uint32_t rank, uint64_t communicator,
+bool StoreBatch::PutCollectiveGap(uint64_t run, uint32_t rank, uint64_t communicator,
                                   uint64_t first_seq, std::string_view notice) {
-  batch_.Put(cf(Cf::kEvents), keys::CollectiveGapKey(run, rank, communicator, first_seq),
+  return Put(Cf::kEvents, keys::CollectiveGapKey(run, rank, communicator, first_seq),
              AsSlice(notice));
 }
 
-void StoreBatch::PutSource(uint64_t run, uint64_t file, std::string_view content) {
-  batch_.Put(cf(Cf::kSources), keys::SourceKey(run, file), AsSlice(content));
+bool StoreBatch::PutSource(uint64_t run, uint64_t file, std::string_view content) {
+  return Put(Cf::kSources, keys::SourceKey(run, file), AsSlice(content));
 }
 
 void StoreBatch::PutPlan(std::string_view name, std::string_view document) {

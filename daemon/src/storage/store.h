@@ -20,11 +20,14 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "opguard/common/cancel.h"
 #include "opguard/common/status.h"
 #include "opguard/daemon/config.h"
 #include "registry/run_state.h"
@@ -51,13 +54,20 @@ class StoreBatch {
  public:
   explicit StoreBatch(const Store* store) : store_(store) {}
 
+  // Record puts return whether the record is new: true, unless
+  // CheckExisting is on and the store already holds its key (then it is
+  // written again all the same: the same key gets the same bytes).
+  // Ingest turns the check on for a batch it cannot prove it never applied,
+  // so that counters count distinct stored records.
+  void CheckExisting(bool on) { check_existing_ = on; }
+
   void PutNextRunId(uint64_t next_id);
   void PutRunMeta(const RunState& run);  // without ranks
   void PutRank(uint64_t run, uint32_t rank, const RankState& state);
-  void PutString(uint64_t run, uint64_t id, std::string_view text);
-  void PutSite(uint64_t run, uint64_t id, const SiteDef& site);
-  void PutCommunicator(uint64_t run, uint64_t id, std::string_view def);
-  void PutOpChunk(uint64_t run, uint32_t rank, uint32_t lane, uint64_t last_op, std::string_view chunk);
+  bool PutString(uint64_t run, uint64_t id, std::string_view text);
+  bool PutSite(uint64_t run, uint64_t id, const SiteDef& site);
+  bool PutCommunicator(uint64_t run, uint64_t id, std::string_view def);
+  bool PutOpChunk(uint64_t run, uint32_t rank, uint32_t lane, uint64_t last_op, std::string_view chunk);
   // The event cores of the chunk of the same key (OpChunkWriter::FinishCores).
   void PutOpCores(uint64_t run, uint32_t rank, uint32_t lane, uint64_t last_op, std::string_view cores);
   // Marks that every chunk of (run, rank) has its cores under their own key
@@ -65,14 +75,14 @@ class StoreBatch {
   // chunk stored without them).
   void PutCoresComplete(uint64_t run, uint32_t rank);
   void DeleteCoresComplete(uint64_t run, uint32_t rank);
-  void PutCollective(uint64_t run, uint32_t rank, uint64_t communicator, uint64_t seq, uint8_t phase,
+  bool PutCollective(uint64_t run, uint32_t rank, uint64_t communicator, uint64_t seq, uint8_t phase,
                      std::string_view record);
-  void PutStep(uint64_t run, uint32_t rank, uint32_t lane, uint64_t step, uint64_t op_index,
+  bool PutStep(uint64_t run, uint32_t rank, uint32_t lane, uint64_t step, uint64_t op_index,
                uint64_t time_ns);
-  void PutOpGap(uint64_t run, uint32_t rank, uint32_t lane, uint64_t first_op, std::string_view notice);
-  void PutCollectiveGap(uint64_t run, uint32_t rank, uint64_t communicator, uint64_t first_seq,
+  bool PutOpGap(uint64_t run, uint32_t rank, uint32_t lane, uint64_t first_op, std::string_view notice);
+  bool PutCollectiveGap(uint64_t run, uint32_t rank, uint64_t communicator, uint64_t first_seq,
                         std::string_view notice);
-  void PutSource(uint64_t run, uint64_t file, std::string_view content);
+  bool PutSource(uint64_t run, uint64_t file, std::string_view content);
   // Every record and the metadata of `run`.
   void DeleteRun(const RunState& run);
   // A named preflight plan (an opaque document, query/plans.h): plans are
@@ -87,8 +97,10 @@ class StoreBatch {
  private:
   friend class Store;
   rocksdb::ColumnFamilyHandle* cf(Cf which) const;
+  bool Put(Cf which, const rocksdb::Slice& key, const rocksdb::Slice& value);
   const Store* store_;
   rocksdb::WriteBatch batch_;
+  bool check_existing_ = false;
 };
 
 class Store {
@@ -167,6 +179,8 @@ class Store {
     uint64_t last_op = 0;
   };
   std::vector<LaneExtent> OpLanes(uint64_t run, uint32_t rank) const;
+  // True when `key` is stored in `cf` (a read error counts as absent).
+  bool Contains(Cf cf, const rocksdb::Slice& key) const;
   // Point lookups of definitions; missing (or damaged) ids are absent.
   std::map<uint64_t, std::string> GetStrings(uint64_t run, const std::vector<uint64_t>& ids) const;
   std::map<uint64_t, SiteDef> GetSites(uint64_t run, const std::vector<uint64_t>& ids) const;
@@ -201,6 +215,36 @@ class Store {
                              bool* to_end) const;
   uint64_t read_errors() const { return read_errors_.load(std::memory_order_relaxed); }
 
+  // Damage found by any read since the daemon started (a trace page, a
+  // diff, a scrub): the ops of (run, rank) that cannot be read. A diff reads
+  // the event cores, not the records, so it also adds the damage found
+  // before in the records it depends on as gaps: its answer is then
+  // `incomplete` and names those ops (docs/storage.md, "Damage").
+  struct DamagedOps {
+    uint32_t lane = 0;
+    uint64_t first_op = 0, last_op = 0;
+  };
+  // Records damage at op key `key` (an ops or cores key) whose ops run from
+  // `first_op` to the key's op; counts it and logs the first of each key.
+  void NoteDamagedOps(std::string_view key, uint64_t first_op, const std::string& error) const;
+  // Damage of another kind (a definition, a collective, a whole scan):
+  // counted and logged, the first of each `what` once.
+  void NoteReadError(const std::string& what, const std::string& error) const;
+  std::vector<DamagedOps> KnownDamage(uint64_t run, uint32_t rank) const;
+  // Every damaged op range known, by (run id, rank).
+  std::map<std::pair<uint64_t, uint32_t>, std::vector<DamagedOps>> AllKnownDamage() const;
+  // A scrub (`GET /api/verify`): reads every value of run `run` (0: of every
+  // run, and RocksDB's own check of every file's checksums) in every column
+  // family, verifying checksums and opening every ops chunk, at least as
+  // strictly as any query would. Damage is noted as by any read (above).
+  // `cancel`, when set, is checked every 256 values.
+  struct ScrubResult {
+    uint64_t values = 0, ops = 0, errors = 0;
+  };
+  Result<ScrubResult> Scrub(uint64_t run, const CancelToken* cancel) const;
+  // Grows with every new damaged range (the trace cache's stamps mix it in).
+  uint64_t damage_generation() const { return damage_generation_.load(std::memory_order_relaxed); }
+
   // Bytes of every file in the data directory (SSTs, WAL, manifests).
   uint64_t DiskBytes() const;
   uint64_t CfSstBytes(Cf cf) const;
@@ -231,6 +275,10 @@ class Store {
   std::array<rocksdb::ColumnFamilyHandle*, kCfCount> handles_{};
   bool closed_ = false;
   mutable std::atomic<uint64_t> read_errors_{0};
+  mutable std::atomic<uint64_t> damage_generation_{0};
+  mutable std::mutex damage_mu_;
+  mutable std::map<std::pair<uint64_t, uint32_t>, std::vector<DamagedOps>> damage_;  // (run, rank)
+  mutable std::set<std::string> damage_logged_;  // under damage_mu_
 };
 
 }  // namespace opguard::daemon

@@ -105,7 +105,7 @@ TEST(SessionState, ContiguousPrefixAndOutOfOrder) {
 
 TEST(SessionState, OneMissingSeqLeavesOneRangeThatGrows) {
   SessionState s;
-  for (uint64_t seq = 1; seq <= 10000; ++seq) EXPECT_FALSE(s.Mark(seq));
+  for (uint64_t seq = 1; seq <= 10000; ++seq) s.Mark(seq);
   EXPECT_EQ(s.contiguous, 0u);
   ASSERT_EQ(s.above.size(), 1u);
   EXPECT_EQ(s.above.begin()->first, 1u);
@@ -118,18 +118,70 @@ TEST(SessionState, OneMissingSeqLeavesOneRangeThatGrows) {
   EXPECT_TRUE(s.above.empty());
 }
 
-TEST(SessionState, ManyGapsGiveUpTheLowestAndStayBounded) {
+// Nothing is given up: at kMaxRanges ranges a seq that needs one more is
+// not marked (its batch is answered "retry later"); seqs next to a range
+// still are, so the lowest missing seq always goes in.
+TEST(SessionState, AtMostKMaxRangesAndNothingGivenUp) {
   SessionState s;
-  for (uint64_t i = 0; i < SessionState::kMaxRanges; ++i) EXPECT_FALSE(s.Mark(2 * i + 1));
+  for (uint64_t i = 0; i < SessionState::kMaxRanges; ++i) {
+    ASSERT_TRUE(s.CanMark(4 * i + 2));
+    s.Mark(4 * i + 2);
+  }
   EXPECT_EQ(s.above.size(), SessionState::kMaxRanges);
-  EXPECT_FALSE(s.Applied(0));
-  EXPECT_TRUE(s.Mark(2 * SessionState::kMaxRanges + 1));  // one gap too many
+  const uint64_t far = 4 * SessionState::kMaxRanges + 10;
+  EXPECT_FALSE(s.CanMark(far));        // would be one range too many
+  EXPECT_FALSE(s.CanMark(4));          // between two ranges, next to none
+  EXPECT_FALSE(s.Applied(0));          // never taken for applied
+  EXPECT_TRUE(s.CanMark(0));           // extends the prefix
+  EXPECT_TRUE(s.CanMark(3));           // just after a range
+  EXPECT_TRUE(s.CanMark(5));           // just before one
+  EXPECT_TRUE(s.CanMark(2));           // already applied
+  s.Mark(3);
+  s.Mark(5);
   EXPECT_EQ(s.above.size(), SessionState::kMaxRanges);
-  EXPECT_EQ(s.contiguous, 2u);  // seq 0 given up: a late resend counts as applied
-  EXPECT_TRUE(s.Applied(0));
-  EXPECT_FALSE(s.Applied(2));
-  s.Mark(2);  // joins the ranges on both sides
-  EXPECT_EQ(s.contiguous, 4u);
+  EXPECT_TRUE(s.CanMark(4));
+  s.Mark(4);                           // joins [2,4) and [5,7)
+  EXPECT_EQ(s.above.size(), SessionState::kMaxRanges - 1);
+  EXPECT_TRUE(s.CanMark(far));
+  s.Mark(0);
+  s.Mark(1);                           // the prefix reaches the first range
+  EXPECT_EQ(s.contiguous, 7u);
+  EXPECT_FALSE(s.Applied(8));
+}
+
+// A forgotten session is remembered by id; a batch of it comes back as a
+// revived session, whose unmarked seqs are checked against the store.
+TEST(SessionState, ForgottenSessionsAreRetiredAndRevived) {
+  RankState rank;
+  for (uint64_t id = 1; id <= RankState::kMaxSessions + 2; ++id) {
+    SessionState& s = rank.Session(id);
+    EXPECT_FALSE(s.revived);
+    s.Mark(0);
+    s.last_ns = id;
+    s.group = id;
+    rank.TrimSessions(/*durable_group=*/0);
+  }
+  EXPECT_EQ(rank.sessions.size(), RankState::kMaxSessions + 2) << "marks not yet durable are kept";
+  rank.TrimSessions(/*durable_group=*/1);
+  EXPECT_EQ(rank.retired, std::vector<uint64_t>{1});
+  rank.TrimSessions(/*durable_group=*/100);
+  EXPECT_EQ(rank.retired, (std::vector<uint64_t>{1, 2}));
+  EXPECT_TRUE(rank.MaybeSeen(1));
+  EXPECT_FALSE(rank.MaybeSeen(99));
+  EXPECT_TRUE(rank.Session(1).revived);
+  EXPECT_FALSE(rank.Session(1).Applied(0));
+  EXPECT_EQ(rank.retired, std::vector<uint64_t>{2});
+  RankState back = RankFromJson(RankToJson(rank));
+  EXPECT_EQ(back.retired, std::vector<uint64_t>{2});
+  EXPECT_TRUE(back.sessions.at(1).revived);
+  EXPECT_FALSE(back.forgot_retired);
+  for (uint64_t id = 1000; id < 1000 + RankState::kMaxRetired + RankState::kMaxSessions + 1; ++id) {
+    rank.Session(id).last_ns = id;
+    rank.TrimSessions(/*durable_group=*/100);
+  }
+  EXPECT_EQ(rank.retired.size(), RankState::kMaxRetired);
+  EXPECT_TRUE(rank.forgot_retired);
+  EXPECT_TRUE(rank.MaybeSeen(123456789));
 }
 
 TEST(SessionState, RangesAndTheOlderSeqListRoundTrip) {

@@ -159,7 +159,11 @@ enum {
 OPGUARD_API int opguard_set_run_info(int kind, const char* key, const char* value);
 
 /* ---- interning ------------------------------------------------------------ */
-/* Returns XXH64(text, seed 0), the string's id on the wire, and makes sure the
+/* Text that is not UTF-8 (a Latin-1 path, say) is repaired first, here and in
+ * every string argument below: each byte outside a well-formed sequence
+ * becomes the four characters \xNN, and ids are those of the repaired text.
+ * (opguard_set_run_info alone refuses such text instead.)
+ * Returns XXH64(text, seed 0), the string's id on the wire, and makes sure the
  * daemon receives its text once per run and rank before any record using it.
  * Returns the id even when disabled (pure function), 0 for NULL. Callers on a
  * hot path should cache ids. */

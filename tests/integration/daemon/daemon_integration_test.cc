@@ -275,33 +275,39 @@ TEST_F(DaemonTest, BadInputIsRejectedAndCountedWhileGoodTrafficContinues) {
 
 // One byte that is not UTF-8, in the run name or in a setting's value, used
 // to abort the daemon when the run's JSON was written (and again after each
-// restart, as the shim resent it). It is now refused at the boundary.
-TEST_F(DaemonTest, NonUtf8StringsAreRejectedAndTheDaemonKeepsServing) {
+// restart, as the shim resent it). Then every such batch was refused whole,
+// its valid ops with it: a Latin-1 source path cost the ops of its batch.
+// Now only the run name (the run's identity) is refused; any other text is
+// stored with each bad byte written as \xNN, and every op is kept.
+TEST_F(DaemonTest, NonUtf8TextIsRepairedAndNoOpIsLost) {
   auto d = StartDaemon();
   BatchOptions announce;
   announce.announce = announce.definitions = true;
-  BatchOptions bad_setting = announce;
-  bad_setting.determinism = {{"cudnn.benchmark", "f\xff"}};
-  const std::vector<std::pair<const char*, std::string>> cases = {
-      {"run name", testing::MakeBatch("latin\xff", 0, 3, 0, 0, 10, announce)},
-      {"determinism value", testing::MakeBatch("utf8-bad-setting", 0, 4, 0, 0, 10, bad_setting)},
-  };
-  for (const auto& [what, frame] : cases) ExpectRejected(*d, what, frame, "UTF-8");
+  ExpectRejected(*d, "run name", testing::MakeBatch("latin\xff", 0, 3, 0, 0, 10, announce), "run name is not valid UTF-8");
   ASSERT_TRUE(d->Running());
 
-  // Still serving: a normal run is ingested and answered, the refused ones
-  // left no trace.
-  RankSender good(d->ingest(), "good", 0, 5, 20);
-  ASSERT_TRUE(good.Run(10, Clock::now() + 30s, 4).ok());
-  auto runs = testing::HttpGet(d->http(), "/api/runs");
-  ASSERT_TRUE(runs.ok() && runs->status == 200);
-  auto json = nlohmann::json::parse(runs->body);
-  ASSERT_EQ(json["runs"].size(), 1u) << runs->body;
-  EXPECT_EQ(json["runs"][0]["name"], "good");
-  EXPECT_EQ(json["runs"][0]["ops"], 10u * 20);
+  BatchOptions bad = announce;
+  bad.world_size = 1;
+  bad.determinism = {{"cudnn.benchmark", "f\xff"}};
+  bad.sources = {{"/home/\xe9l\xe8ve/train.py", "print('caf\xe9')\n"}};
+  bad.gaps = {{1000, 1004}};
+  auto reply = testing::SendRaw(d->ingest(), testing::MakeBatch("latin1", 0, 4, 0, 0, 10, bad), 10s);
+  ASSERT_TRUE(reply.ok()) << reply.status().message();
+  EXPECT_EQ(testing::DescribeAck(*reply), "durable");
+  RankSender more(d->ingest(), "latin1", 0, 4, 10);
+  ASSERT_TRUE(more.Run(3, Clock::now() + 30s, 4).ok());  // seq 0 again (a duplicate), then 1 and 2
+  EXPECT_EQ(ReadAll(*d, "latin1", 0).size(), 30u) << "every op of the batches is stored";
+
+  auto run = testing::HttpGet(d->http(), "/api/runs/latin1");
+  ASSERT_TRUE(run.ok() && run->status == 200) << (run.ok() ? run->body : run.status().message());
+  auto json = nlohmann::json::parse(run->body);
+  EXPECT_EQ(json["determinism"]["cudnn.benchmark"], "f\\xff");
+  EXPECT_EQ(json["ranks"][0]["ops"], 30u);
+  EXPECT_EQ(json["ranks"][0]["gaps"], 5u);
   auto metrics = testing::HttpGet(d->http(), "/metrics");
   ASSERT_TRUE(metrics.ok());
-  EXPECT_EQ(Metric(metrics->body, "opguard_batches_rejected_total{reason=\"invalid_batch\"}"), 2u);
+  EXPECT_EQ(Metric(metrics->body, "opguard_batches_rejected_total{reason=\"invalid_batch\"}"), 1u);
+  EXPECT_EQ(Metric(metrics->body, "opguard_batches_text_repaired_total"), 1u);
   EXPECT_TRUE(d->Running());
   EXPECT_EQ(d->Stop(), 0);
 }

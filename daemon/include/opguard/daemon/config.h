@@ -30,6 +30,9 @@ struct Config {
   // A file holding the token HTTP clients off loopback must present
   // (Authorization: Bearer, the opguard_token cookie or ?token=); empty: none.
   std::string http_token_file;
+  // Host header values the HTTP server answers besides IP addresses,
+  // localhost and this node's host name (DNS rebinding: other names get 421).
+  std::vector<std::string> http_host_names;
 
   // Who may do what (docs/daemon.md, "Access").
   std::string socket_group = "opguard";      // group of the runtime dir and unix sockets; "" : the daemon's
@@ -58,6 +61,7 @@ struct Config {
   uint32_t max_ranks_per_run = 8192;
   uint32_t max_ranks = 1u << 17;             // ranks of all runs together
   uint64_t max_string_bytes = 64u << 10;     // any one text of a batch
+  uint64_t max_source_bytes = 1u << 20;      // one source file (the shim's OPGUARD_MAX_SOURCE_KB default)
   uint64_t max_run_metadata_bytes = 64u << 10;  // job id, framework and settings of a run together
 
   // Storage.
