@@ -164,7 +164,10 @@ std::function<int()> AddDiff(CLI::App& cmd, const DaemonArgs& top) {
   cmd.add_option("--rank", args->rank, "compare one rank only (default: every rank)")
       ->option_text("R")
       ->check(CLI::Range(int64_t{0}, int64_t{UINT32_MAX}));
-  return [args] { return DiffMain(*args); };
+  return [args] {
+    StartUserDaemonIfChosen(*args);
+    return DiffMain(*args);
+  };
 }
 
 std::function<int()> AddRanks(CLI::App& cmd, const DaemonArgs& top) {
@@ -172,12 +175,18 @@ std::function<int()> AddRanks(CLI::App& cmd, const DaemonArgs& top) {
   cmd.add_option("--replicas", args->replicas, "ranks that must hold identical replicas")
       ->option_text("R,R,...")
       ->delimiter(',');
-  return [args] { return RanksMain(*args); };
+  return [args] {
+    StartUserDaemonIfChosen(*args);
+    return RanksMain(*args);
+  };
 }
 
 std::function<int()> AddCollectives(CLI::App& cmd, const DaemonArgs& top) {
   auto args = AddCommon(cmd, top, 30, {{"RUN", "the run whose collectives are checked"}});
-  return [args] { return CollectivesMain(*args); };
+  return [args] {
+    StartUserDaemonIfChosen(*args);
+    return CollectivesMain(*args);
+  };
 }
 
 }  // namespace
