@@ -29,7 +29,8 @@ fi
   -w "$OUT/raw" "$SOURCE/python" >&2
 
 # The glibc this machine has: the oldest one the wheel can claim.
-glibc="$(ldd --version | head -1 | grep -oE '[0-9]+\.[0-9]+$')"
+glibc="$(getconf GNU_LIBC_VERSION)"  # "glibc 2.36"
+glibc="${glibc#glibc }"
 plat="manylinux_${glibc/./_}_$(uname -m)"
 # torch's libraries, as the adapter names them: the running torch's own. And
 # the shim by its soname: the package loads lib/libopguard_shim.so first
