@@ -287,13 +287,18 @@ def record_replica_state(state):
 
 
 def counters():
-    """The shim's counters as a dict (all zero when not recording)."""
+    """The shim's counters as a dict (all zero when not recording), and
+    daemon_restarts: how often this process started your own daemon again
+    after it was gone (_local_daemon.watch)."""
     if _state["shim"] is None:
         return {}
     c = _native.Counters()
     c.struct_size = ctypes.sizeof(_native.Counters)
     _state["shim"].opguard_get_counters(ctypes.byref(c))
-    return {name: getattr(c, name) for name, _ in _native.Counters._fields_[1:]}
+    values = {name: getattr(c, name) for name, _ in _native.Counters._fields_[1:]}
+    user = _state["user_daemon"]
+    values["daemon_restarts"] = user.restarts if user is not None else 0
+    return values
 
 
 def _autoload_enable():

@@ -49,6 +49,7 @@ class UserDaemon:
         self.lock = fields["lock"]
         self.log = fields["log"]
         self.started = int(fields.get("started", 0))
+        self.restarts = 0  # by watch(), once each was announced
 
     def alive(self):
         """Whether its process holds daemon.lock (a shared lock for a moment,
@@ -116,6 +117,7 @@ def watch(user, pending, warn, interval=1.0):
                 if restarted.started:
                     warn(f"your opguard daemon was gone; started it again (pid {restarted.started}); "
                          "records it missed are reported as gaps")
+                    user.restarts += 1
                 told = False
             except Unavailable as e:
                 if not told:
