@@ -6,17 +6,27 @@
 #include <filesystem>
 #include <memory>
 
+#include <unistd.h>
+
 #include "opguard/daemon/client.h"
+#include "opguard/daemon/user_daemon.h"
 
 namespace opguard::cli {
 
 // Set as soon as parsed (trigger_on_parse), so a command's preparse callback
 // sees what the top level got before the command name.
 void AddSharedOptions(CLI::App& app, DaemonArgs& args, bool json) {
-  app.add_option("--daemon", args.endpoint,
-                 "the daemon's query endpoint (default $OPGUARD_DAEMON,\n"
-                 "else ipc:///run/opguard/query.sock if present, else\n"
-                 "tcp://127.0.0.1:7455); `rm` needs the ipc:// one")
+  app.add_option_function<std::string>(
+         "--daemon",
+         [&args](const std::string& endpoint) {
+           args.endpoint = endpoint;
+           args.why = "--daemon";
+           args.user_daemon = false;
+         },
+         "the daemon's query endpoint (default $OPGUARD_DAEMON,\n"
+         "else ipc:///run/opguard/query.sock if present, else\n"
+         "this user's daemon, started when needed); `rm`\n"
+         "needs an ipc:// one")
       ->option_text("ENDPOINT")
       ->trigger_on_parse();
   app.add_option("--key", args.curve.key_file,
@@ -45,6 +55,8 @@ void AddDaemonOptions(CLI::App& cmd, DaemonArgs& args, const DaemonArgs& top, bo
   // Runs when the command's own words start, after the top level's.
   cmd.preparse_callback([&args, &top](size_t) {
     args.endpoint = top.endpoint;
+    args.why = top.why;
+    args.user_daemon = top.user_daemon;
     args.curve = top.curve;
     args.json = top.json;
   });
@@ -57,16 +69,36 @@ std::function<int()> AddDaemonCommand(CLI::App& cmd, const DaemonArgs& top,
   args->timeout_s = timeout_s;
   AddDaemonOptions(cmd, *args, top, json);
   if (run_help) cmd.add_option("RUN", args->positional, run_help)->required()->expected(1);
-  return [args, main] { return main(*args); };
+  return [args, main] {
+    StartUserDaemonIfChosen(*args);
+    return main(*args);
+  };
 }
 
 void SetDefaults(DaemonArgs& args) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  args.endpoint = fs::exists(std::string(daemon::kDefaultQuerySocket).substr(6), ec)
-                      ? daemon::kDefaultQuerySocket
-                      : daemon::kDefaultQueryEndpoint;
-  if (const char* env = std::getenv("OPGUARD_DAEMON"); env && *env) args.endpoint = env;
+  const char* daemon_env = std::getenv("OPGUARD_DAEMON");
+  const char* ingest_env = std::getenv("OPGUARD_ENDPOINT");
+  auto user = daemon::UserDaemonDirs();
+  args.user_daemon = false;
+  if (daemon_env && *daemon_env) {
+    args.endpoint = daemon_env;
+    args.why = "$OPGUARD_DAEMON";
+  } else if (fs::exists(std::string(daemon::kDefaultQuerySocket).substr(6), ec)) {
+    args.endpoint = daemon::kDefaultQuerySocket;
+    args.why = "the node's daemon: its socket exists";
+  } else if ((ingest_env && *ingest_env) || !user.ok()) {
+    args.endpoint = daemon::kDefaultQueryEndpoint;
+    args.why = ingest_env && *ingest_env
+                   ? "the default query endpoint ($OPGUARD_ENDPOINT is set, so no daemon of your own)"
+                   : "the default query endpoint (" + user.status().message() + ")";
+  } else {
+    args.endpoint = user->query();
+    args.user_daemon = true;
+    args.why = "your own daemon (no node daemon at " + std::string(daemon::kDefaultQuerySocket) +
+               ", no $OPGUARD_DAEMON), data in " + user->state_dir;
+  }
   std::string config_dir;
   if (const char* xdg = std::getenv("XDG_CONFIG_HOME"); xdg && *xdg) {
     config_dir = std::string(xdg) + "/opguard";
@@ -80,6 +112,22 @@ void SetDefaults(DaemonArgs& args) {
   };
   args.curve.key_file = from("OPGUARD_KEY", "client.key");
   args.curve.server_key = from("OPGUARD_SERVER_KEY", "server.pub");
+}
+
+void StartUserDaemonIfChosen(const DaemonArgs& args) {
+  namespace fs = std::filesystem;
+  if (!args.user_daemon) return;
+  auto dirs = daemon::UserDaemonDirs();
+  if (!dirs.ok() || daemon::SocketAnswers(dirs->ingest().substr(6))) return;
+  std::error_code ec;
+  const fs::path bin = fs::read_symlink("/proc/self/exe", ec).parent_path();
+  std::string opguardd;
+  for (const fs::path& candidate : {bin / "opguardd", bin / ".." / "sbin" / "opguardd"}) {
+    if (opguardd.empty() && ::access(candidate.c_str(), X_OK) == 0) opguardd = candidate.lexically_normal();
+  }
+  if (opguardd.empty()) return;  // a build tree's CLI: finds a running one only
+  auto started = daemon::EnsureUserDaemon(*dirs, opguardd, daemon::UserDaemonIdleExit(), std::chrono::seconds(60));
+  if (!started.ok()) std::fprintf(stderr, "opguard: cannot start your daemon: %s\n", started.status().message().c_str());
 }
 
 int Fail(std::string_view command, const Status& st) {

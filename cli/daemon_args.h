@@ -1,6 +1,8 @@
 // The options every command that talks to a daemon takes: --daemon ENDPOINT
-// (default $OPGUARD_DAEMON, else the local daemon's unix query socket when it
-// exists, else tcp://127.0.0.1:7455), --key FILE and --server-key KEY for a
+// (default $OPGUARD_DAEMON, else the node's daemon's unix query socket when it
+// exists, else this user's daemon (opguard/daemon/user_daemon.h), started
+// when the command needs it, unless $OPGUARD_ENDPOINT sends records
+// elsewhere: then tcp://127.0.0.1:7455), --key FILE and --server-key KEY for a
 // daemon that requires CURVE on TCP (default $OPGUARD_KEY and
 // $OPGUARD_SERVER_KEY, else ~/.config/opguard/client.key and server.pub when
 // they exist), --timeout S, --json where the command has a JSON form. These
@@ -25,6 +27,8 @@ namespace opguard::cli {
 
 struct DaemonArgs {
   std::string endpoint;
+  std::string why;           // why this endpoint (`opguard doctor` says it)
+  bool user_daemon = false;  // the endpoint is this user's daemon, started on demand
   daemon::CurveClientConfig curve;  // used on tcp:// endpoints
   double timeout_s = 5;  // callers set their own default before AddDaemonOptions
   bool json = false;
@@ -51,6 +55,12 @@ void AddDaemonOptions(CLI::App& cmd, DaemonArgs& args, const DaemonArgs& top, bo
 std::function<int()> AddDaemonCommand(CLI::App& cmd, const DaemonArgs& top,
                                       int (*main)(const DaemonArgs&), double timeout_s, bool json,
                                       const char* run_help = nullptr);
+
+// Starts this user's daemon when `args` chose it and it does not answer:
+// the opguardd beside this program's binary (the wheel's opguard/bin, a
+// prefix's sbin) starts it. Says so on stderr when it cannot; the command
+// then reports the daemon as unreachable.
+void StartUserDaemonIfChosen(const DaemonArgs& args);
 
 // Prints "opguard COMMAND: what went wrong" on one line, with what to do
 // about it when the daemon did not answer, and returns kExitError.

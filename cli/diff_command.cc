@@ -171,7 +171,10 @@ std::function<int()> AddDiff(CLI::App& cmd, const DaemonArgs& top) {
                  "a preflight plan: its nondeterministic ops are skipped, never a pivot\n"
                  "(refused for runs of another world size, torch or determinism settings)")
       ->option_text("NAME");
-  return [args] { return DiffMain(*args); };
+  return [args] {
+    StartUserDaemonIfChosen(*args);
+    return DiffMain(*args);
+  };
 }
 
 std::function<int()> AddRanks(CLI::App& cmd, const DaemonArgs& top) {
@@ -179,12 +182,18 @@ std::function<int()> AddRanks(CLI::App& cmd, const DaemonArgs& top) {
   cmd.add_option("--replicas", args->replicas, "ranks that must hold identical replicas")
       ->option_text("R,R,...")
       ->delimiter(',');
-  return [args] { return RanksMain(*args); };
+  return [args] {
+    StartUserDaemonIfChosen(*args);
+    return RanksMain(*args);
+  };
 }
 
 std::function<int()> AddCollectives(CLI::App& cmd, const DaemonArgs& top) {
   auto args = AddCommon(cmd, top, 30, {{"RUN", "the run whose collectives are checked"}});
-  return [args] { return CollectivesMain(*args); };
+  return [args] {
+    StartUserDaemonIfChosen(*args);
+    return CollectivesMain(*args);
+  };
 }
 
 }  // namespace

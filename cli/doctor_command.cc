@@ -3,7 +3,9 @@
 //   1. PY imports the opguard package, and its opguard-autoload.pth hook runs
 //      at PY's start-up (without it OPGUARD=1 silently records nothing);
 //   2. the adapter loads against PY's torch (the torch it was built for);
-//   3. a daemon answers on the query endpoint (--daemon);
+//   3. a daemon answers on the query endpoint (--daemon), and which one it is
+//      and why (the node's, $OPGUARD_DAEMON, or this user's own, started
+//      here when it is the one chosen and not running);
 //   4. a tiny program run under OPGUARD=1, with the environment as it is
 //      (OPGUARD_ENDPOINT...), arrives there as a run; the run is deleted.
 // It stops at the first failure and prints one line saying what to do; exit
@@ -179,17 +181,18 @@ struct Doctor {
   // 3: the daemon's status; keeps its ingest endpoint for check 4's hint.
   int Daemon(std::string& ingest) {
     check = 3;
+    StartUserDaemonIfChosen(daemon);
     daemon::DaemonClient client(daemon.endpoint, daemon.timeout(), daemon.curve);
     auto answer = client.Status();
     const auto* s = answer.ok() ? answer->envelope()->message_as_StatusAnswer() : nullptr;
     if (s == nullptr)
-      return Fail("no daemon answers on " + daemon.endpoint + " (" +
+      return Fail("no daemon answers on " + daemon.endpoint + ", " + daemon.why + " (" +
                   (answer.ok() ? std::string("unexpected answer") : answer.status().message()) +
                   "): start it (sudo systemctl enable --now opguardd, or opguardd --local DIR), "
                   "or pass --daemon with its query endpoint");
     ingest = s->ingest() ? s->ingest()->str() : "";
     Ok("opguardd " + (s->version() ? s->version()->str() : std::string("?")) + " answers on " +
-       daemon.endpoint + " (records in on " + ingest + ")");
+       daemon.endpoint + " (records in on " + ingest + "): " + daemon.why);
     return 0;
   }
 
@@ -209,7 +212,8 @@ struct Doctor {
         // One rank of one: recording starts at `import torch`.
         {"OPGUARD=1", "OPGUARD_RUN=" + run, "RANK=0", "LOCAL_RANK=0", "WORLD_SIZE=1"});
     const char* env_endpoint = std::getenv("OPGUARD_ENDPOINT");
-    const std::string sent_to = env_endpoint && *env_endpoint ? env_endpoint : daemon::kDefaultIngestEndpoint;
+    std::string sent_to = env_endpoint && *env_endpoint ? env_endpoint : daemon::kDefaultIngestEndpoint;
+    if (daemon.user_daemon && !(env_endpoint && *env_endpoint)) sent_to = ingest;  // it picks the same one
     if (LineAfter(r.output, "recording ") != "True") {
       std::string why = LineAfter(r.output, "opguard-torch warning: ");
       if (why.empty()) why = LineAfter(r.output, "opguard-shim ");
@@ -255,11 +259,15 @@ struct Doctor {
 std::function<int()> AddDoctor(CLI::App& cmd, const DaemonArgs& top) {
   auto doctor = std::make_shared<Doctor>();
   doctor->daemon.timeout_s = 10;
+  // The venv's `opguard` command (python/opguard/_commands.py) names its Python.
+  if (const char* python = std::getenv("OPGUARD_PYTHON"); python && *python) doctor->python = python;
   AddDaemonOptions(cmd, doctor->daemon, top, /*json=*/false);
   cmd.footer("Exit codes: 0 every check passed; 1 a check failed (its line says what to do);\n"
              "2 usage error.");
   cmd.add_option("--python", doctor->python,
-                 "the Python interpreter that runs training (default: python3 on PATH)")
+                 "the Python interpreter that runs training (default:\n"
+                 "$OPGUARD_PYTHON, which the venv's opguard command\n"
+                 "sets to its Python, else python3 on PATH)")
       ->option_text("PY");
   return [doctor] { return doctor->Main(); };
 }

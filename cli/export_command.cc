@@ -442,7 +442,10 @@ std::function<int()> Add(CLI::App& cmd, const DaemonArgs& top) {
       ->option_text("auto|wall|index")
       ->check(CLI::IsMember({"auto", "wall", "index"}));
   cmd.footer("Exit codes: 0 written; 2 an error (usage, the daemon unreachable, an unknown run).");
-  return [args] { return ExportMain(*args); };
+  return [args] {
+    StartUserDaemonIfChosen(*args);
+    return ExportMain(*args);
+  };
 }
 
 }  // namespace

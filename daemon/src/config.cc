@@ -67,7 +67,8 @@ CLI::Validator OctalMode() {
 std::string NotEmpty(const std::string& s) { return s.empty() ? "empty" : ""; }
 
 struct Flags {
-  std::string config_path, local_dir;
+  std::string config_path, local_dir, socket_dir;
+  bool user = false;
 };
 
 std::unique_ptr<CLI::App> MakeApp(Config* c, Flags* flags) {
@@ -117,8 +118,28 @@ std::unique_ptr<CLI::App> MakeApp(Config* c, Flags* flags) {
       "unprivileged local mode: data in DIR/data, ingest socket\n"
       "ipc://DIR/ingest.sock, queries ipc://DIR/query.sock\n"
       "(no TCP), sockets 0660 with the user's group;\n"
-      "the default config file is not read")
+      "the default config file is not read; DIR, its data\n"
+      "and socket folders must be this user's alone")
       ->configurable(false);
+  add(kGeneral, "--socket-dir", flags->socket_dir, "DIR",
+      "with --local: the sockets' folder instead of DIR\n"
+      "(e.g. $XDG_RUNTIME_DIR/opguard)")
+      ->configurable(false);
+  app->add_flag("--user", flags->user,
+                "start this user's daemon unless it runs (--local under\n"
+                "$XDG_STATE_HOME/opguard, sockets in $XDG_RUNTIME_DIR/\n"
+                "opguard, --idle-exit or $OPGUARD_DAEMON_IDLE s, else\n"
+                "10m), print its endpoints, return\n"
+                "once it answers (what OPGUARD=1 and opguard do)")
+      ->group(kGeneral)
+      ->configurable(false);
+  app->add_option_function<uint64_t>(
+         "--idle-exit", [c](uint64_t s) { c->idle_exit = std::chrono::seconds(s); },
+         "exit after DUR without a batch received or a query\n"
+         "answered (default 0: never)")
+      ->group(kGeneral)
+      ->option_text("DUR")
+      ->transform(duration);
   add(kGeneral, "--data-dir", c->data_dir, "DIR", "RocksDB directory (default /var/lib/opguard)")
       ->check(NotEmpty);
   add(kGeneral, "--ingest", c->ingest, "ENDPOINT",
@@ -362,9 +383,13 @@ Result<Config> ParseCommandLine(int argc, const char* const* argv, bool* help) {
   std::string& local = flags.local_dir;
   if (!local.empty()) {
     while (local.size() > 1 && local.back() == '/') local.pop_back();
+    std::string& sockets = flags.socket_dir;
+    while (sockets.size() > 1 && sockets.back() == '/') sockets.pop_back();
+    if (sockets.empty()) sockets = local;
+    config.local_dir = local;
     config.data_dir = local + "/data";
-    config.ingest = "ipc://" + local + "/ingest.sock";
-    config.listen = "ipc://" + local + "/query.sock";
+    config.ingest = "ipc://" + sockets + "/ingest.sock";
+    config.listen = "ipc://" + sockets + "/query.sock";
     config.query_socket = config.listen;
     config.socket_group.clear();  // one user's daemon
   }
@@ -383,6 +408,11 @@ Result<Config> ParseCommandLine(int argc, const char* const* argv, bool* help) {
     config.config_path = flags.config_path;
   }
   app->parse(argc, argv);  // parsed without error above
+  config.user_daemon = flags.user;
+  if (flags.user && !local.empty()) return InvalidArgument("--user and --local exclude each other");
+  if (!flags.socket_dir.empty() && local.empty()) {
+    return InvalidArgument("--socket-dir goes with --local DIR");
+  }
   OPGUARD_RETURN_IF_ERROR(CheckExposure(config));
   return config;
 }

@@ -154,6 +154,28 @@ TEST(Config, LocalModePutsEverythingUnderTheDirectory) {
   EXPECT_EQ(c->log_level, LogLevel::kDebug);
 }
 
+TEST(Config, LocalModeSocketDirAndIdleExit) {
+  auto c = Parse({"--socket-dir", "/run/user/7/opguard/", "--idle-exit", "10m"});
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->local_dir, "/tmp/og");
+  EXPECT_EQ(c->data_dir, "/tmp/og/data");
+  EXPECT_EQ(c->ingest, "ipc:///run/user/7/opguard/ingest.sock");
+  EXPECT_EQ(c->query_socket, "ipc:///run/user/7/opguard/query.sock");
+  EXPECT_EQ(c->idle_exit, std::chrono::seconds(600));
+  EXPECT_FALSE(c->user_daemon);
+  EXPECT_EQ(Parse({})->idle_exit, std::chrono::seconds(0));  // never, unless asked
+
+  const char* user[] = {"opguardd", "--user", "--idle-exit", "30s"};
+  bool help = false;
+  auto u = ParseCommandLine(4, user, &help);
+  ASSERT_TRUE(u.ok()) << u.status().message();
+  EXPECT_TRUE(u->user_daemon);
+  EXPECT_EQ(u->idle_exit, std::chrono::seconds(30));
+  EXPECT_FALSE(Parse({"--user"}).ok());  // with --local
+  const char* sockets_alone[] = {"opguardd", "--socket-dir", "/tmp/s"};
+  EXPECT_FALSE(ParseCommandLine(3, sockets_alone, &help).ok());
+}
+
 // Every error is one line that names the flag, or the file and the key.
 void ExpectError(const Result<Config>& c, std::initializer_list<const char*> parts) {
   ASSERT_FALSE(c.ok());

@@ -25,6 +25,7 @@
 
 #include "access/zap_authenticator.h"
 #include "ingest/ingest.h"
+#include "local/local_dir.h"
 #include "metrics.h"
 #include "opguard/common/log.h"
 #include "query/http_auth.h"
@@ -202,6 +203,14 @@ int Daemon::Run() {
   Impl& d = *impl_;
   const Config& c = d.config;
   const uint64_t file_limit = RaiseFileLimit();
+  if (!c.local_dir.empty()) {
+    Status local = PrepareLocalDirs(c.local_dir, c.data_dir, {c.ingest, c.query_socket, c.listen});
+    if (local.ok()) local = LockLocalDir(c.local_dir);
+    if (!local.ok()) {
+      OPGUARD_LOG(LogLevel::kError, local.message());
+      return 1;
+    }
+  }
   auto store = Store::Open(c);
   if (!store.ok()) {
     OPGUARD_LOG(LogLevel::kError, store.status().message());
@@ -306,10 +315,27 @@ int Daemon::Run() {
   // watchdog is fed only while the ingest threads make progress.
   const auto watchdog = WatchdogPeriod();
   asio::steady_timer health(d.io);
+  // --idle-exit: anything received or asked moves these counters.
+  auto activity = [&d] {
+    const Metrics& m = d.metrics;
+    return m.bytes_received.load() + m.queries.load() + m.http_requests.load() + m.inflight_bytes.load();
+  };
+  uint64_t last_activity = activity();
+  auto last_active_at = std::chrono::steady_clock::now();
   std::function<void()> check = [&] {
     if (d.ingest->Failed()) {
       OPGUARD_LOG(LogLevel::kError, "store failed; exiting so the service manager restarts the daemon");
       d.Shutdown(1);
+      return;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (const uint64_t seen = activity(); seen != last_activity) {
+      last_activity = seen;
+      last_active_at = now;
+    } else if (c.idle_exit.count() > 0 && now - last_active_at >= c.idle_exit) {
+      OPGUARD_LOG(LogLevel::kInfo, "no batch or query for " + std::to_string(c.idle_exit.count()) +
+                                       " s (idle_exit): exiting");
+      d.Shutdown(0);
       return;
     }
     if (watchdog.count() > 0 && d.ingest->Healthy(std::chrono::seconds(30))) Notify("WATCHDOG=1");

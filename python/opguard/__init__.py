@@ -27,7 +27,7 @@ from . import _native
 __all__ = ["enable", "enabled", "mark_step", "replicated", "paused", "record_replica_state",
            "counters"]
 
-_state = {"shim": None, "torch": None, "enabled": False, "pending_rank": False}
+_state = {"shim": None, "torch": None, "enabled": False, "pending_rank": False, "user_daemon": None}
 _pause_lock = threading.Lock()
 _pause_depth = [0]
 
@@ -98,6 +98,8 @@ def enable(depth=None):
         if depth not in ("top", "all"):
             _warn(f"OPGUARD_DEPTH={depth!r} is not 'top' or 'all'; recording stays off")
             return False
+        if not _choose_daemon():
+            return False
         if shim.opguard_init() != 1:
             return False
         if _sdc_mode(adapter):
@@ -122,6 +124,37 @@ def enable(depth=None):
     except Exception as e:  # never into the training program
         _warn(f"could not enable recording ({e}); training continues without it")
         return False
+
+
+def _choose_daemon():
+    """Points the shim at the daemon this process records to: OPGUARD_ENDPOINT,
+    the node's, or this user's own, started now if it is not running
+    (_local_daemon). False, after one line, when there is none to be had."""
+    from . import _local_daemon
+    try:
+        endpoint, user, _ = _local_daemon.choose(os.environ)
+    except _local_daemon.Unavailable as e:
+        _warn(f"no daemon to record to: {e}; training continues without recording")
+        return False
+    if user is not None:
+        os.environ["OPGUARD_ENDPOINT"] = endpoint  # what the shim reads
+        os.environ[_local_daemon.USER_DAEMON_VARIABLE] = user.lock
+        _state["user_daemon"] = user
+    return True
+
+
+def _watch_user_daemon():
+    """While recording to this user's daemon: started again when it is gone
+    and records wait for it."""
+    user = _state["user_daemon"]
+    if user is None:
+        return
+    from . import _local_daemon
+
+    def pending():
+        c = counters()
+        return c.get("pending_batches", 0) > 0 or c.get("buffered_bytes", 0) > 0
+    _local_daemon.watch(user, pending, _warn)
 
 
 def _sdc_mode(adapter):
@@ -170,6 +203,7 @@ def _start(shim, adapter, depth):
     _state["enabled"] = ok
     if ok:
         os.environ[_RECORDER_VARIABLE] = f"{os.getpid()}:{shim.opguard_rank()}"
+        _watch_user_daemon()
     return ok
 
 
@@ -253,13 +287,18 @@ def record_replica_state(state):
 
 
 def counters():
-    """The shim's counters as a dict (all zero when not recording)."""
+    """The shim's counters as a dict (all zero when not recording), and
+    daemon_restarts: how often this process started your own daemon again
+    after it was gone (_local_daemon.watch)."""
     if _state["shim"] is None:
         return {}
     c = _native.Counters()
     c.struct_size = ctypes.sizeof(_native.Counters)
     _state["shim"].opguard_get_counters(ctypes.byref(c))
-    return {name: getattr(c, name) for name, _ in _native.Counters._fields_[1:]}
+    values = {name: getattr(c, name) for name, _ in _native.Counters._fields_[1:]}
+    user = _state["user_daemon"]
+    values["daemon_restarts"] = user.restarts if user is not None else 0
+    return values
 
 
 def _autoload_enable():

@@ -1,14 +1,12 @@
 """The pip route as a user takes it: a fresh venv that has torch from PyPI,
-`pip install ./python`, then `OPGUARD=1 torchrun ...` records with no code
+`pip install` of the repaired wheel (wheel_build: scripts/build-wheel.sh), then `OPGUARD=1 torchrun ...` records with no code
 change, `opguard doctor` passes, and a torch the package was not built for
 gets one warning line and an untouched training.
 
 torch comes from the shared venv of scripts/torch-venv.sh 2.11.0: the fresh
 venv names its site-packages in a .pth instead of installing the 4.7 GB again.
 Everything opguard is installed by pip into the fresh venv itself. The wheel
-is built in OPGUARD_PACKAGE_WORK/wheel-build (kept, so reruns are
-incremental) through ccache when there is one."""
-import glob
+is the one test_wheel installs (built once, in OPGUARD_PACKAGE_WORK/wheel)."""
 import json
 import os
 import shutil
@@ -20,9 +18,9 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "e2e"))
 import harness  # noqa: E402
+import wheel_build  # noqa: E402
 
-TORCH = "2.11.0"
-SOURCE = os.environ.get("OPGUARD_SOURCE_DIR", os.path.join(HERE, "..", ".."))
+TORCH = wheel_build.TORCH
 WORK = os.path.join(os.environ.get("OPGUARD_PACKAGE_WORK", tempfile.gettempdir()), "pip-venv")
 
 
@@ -41,8 +39,7 @@ def site_packages(python):
 class PipVenv(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        shared = run([os.path.join(SOURCE, "scripts", "torch-venv.sh"), TORCH],
-                     timeout=1800).stdout.strip()
+        wheel, shared = wheel_build.repaired_wheel()
         cls.venv = os.path.join(WORK, "venv")
         shutil.rmtree(cls.venv, ignore_errors=True)
         run(["/usr/bin/python3", "-m", "venv", cls.venv])
@@ -50,11 +47,7 @@ class PipVenv(unittest.TestCase):
         cls.site = site_packages(cls.python)
         with open(os.path.join(cls.site, "_shared_torch.pth"), "w") as f:
             f.write(site_packages(os.path.join(shared, "bin", "python")) + "\n")
-        settings = [f"--config-settings=build-dir={WORK}/wheel-build"]
-        if shutil.which("ccache"):
-            settings.append("--config-settings=cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache")
-        run([cls.python, "-m", "pip", "install", "-q", *settings, os.path.join(SOURCE, "python")],
-            timeout=1500)
+        run([cls.python, "-m", "pip", "install", "-q", "--no-index", "--no-deps", wheel], timeout=600)
         cls.tmp = tempfile.mkdtemp(prefix="opguard-pip-")
         cls.daemon = harness.Daemon(cls.tmp)
 

@@ -19,6 +19,15 @@ inline constexpr char kDefaultConfigPath[] = "/etc/opguard/opguardd.conf";
 
 struct Config {
   std::string config_path;  // empty: none read
+  // --local DIR (empty: not local mode): checked and locked before the store
+  // opens (local/local_dir.h).
+  std::string local_dir;
+  // Exit (status 0) after this long without a batch received or a query
+  // answered; 0: never. The per-user daemon the opguard package starts sets
+  // it (docs/install.md); a service manager's daemon needs none.
+  std::chrono::seconds idle_exit{0};
+  // --user: start this user's daemon (opguard/daemon/user_daemon.h) and exit.
+  bool user_daemon = false;
   std::string data_dir = "/var/lib/opguard";
   std::string ingest = "ipc:///run/opguard/ingest.sock";
   std::string listen = "tcp://127.0.0.1:7455";  // empty: off
