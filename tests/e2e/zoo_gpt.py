@@ -663,7 +663,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--mode", choices=MODES, required=True)
     parser.add_argument("--steps", type=int, default=2)
-    parser.add_argument("--fault", default="", help="NAME:RANK:STEP, NAME one of " + ", ".join(FAULTS))
+    parser.add_argument("--fault", default="",
+                        help="NAME:RANK:STEP, NAME one of " + ", ".join(FAULTS))
     parser.add_argument("--variant", default="", help="one of " + ", ".join(VARIANTS))
     parser.add_argument("--digests", default="", help="folder for each rank's digests")
     parser.add_argument("--oplog", default="",
