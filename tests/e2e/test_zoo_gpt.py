@@ -16,14 +16,18 @@ How each expectation is confirmed without OpGuard:
   * op and line: the fault is the training code's own (--fault), planted on
     the one line the expectation names; the op is the one that line runs
     (each case's comment says why it, and not a neighbour, is the first to
-    compute other values).
+    compute other values). test_zoo_gpt_baseline.py confirms each by a
+    positional op log taken without OpGuard (zoo_oplog.py, Bug.baseline).
 
 Cases the current product misses are listed in KNOWN_MISSES with the class of
 miss (issue 37's numbering); they are skipped with that reason, and run
 anyway (to check a fix) with OPGUARD_ZOO_RUN_KNOWN_MISSES=1.
 
-One case: python3 -m unittest -v test_zoo_gpt.Ddp.test_sdpa_scale (ctest
-sets the environment: see tests/e2e/CMakeLists.txt, entry torch-2.11.0_e2e_zoo_gpt).
+One case, in ctest's environment for the entry torch-2.11.0_e2e_zoo_gpt
+(OPGUARDD, OPGUARD_CLI, OPGUARD_TEST_PYTHON, OPGUARD_PYTHON_STAGE: `ctest
+--show-only=json-v1` lists them), from tests/e2e:
+  python3 -m unittest -v test_zoo_gpt.Ddp.test_clip_max
+test_zoo_gpt_stress.py reruns the Megatron-style model clean under load.
 """
 import ast
 import json
@@ -48,8 +52,9 @@ KNOWN_MISSES = {
     "sdpa_scale": "class 3: the attention with another scale stays unpaired; the pivot is "
                   "the transpose after it",
     "reshard": "class 2: fully_shard's chunks at init mispair (a false pivot at aten::chunk)",
-    "sp_grad_sync": "class 2 and 1: the per-parameter all_reduce loop with two calls fewer "
-                    "mispairs (pivot at an all_reduce), and _fused_adamw_ records no outputs",
+    "sp_grad_sync": "class 2 and 1: the per-parameter all_reduce loop without its eight "
+                    "LayerNorm calls mispairs (pivot at an all_reduce whose inputs differ), "
+                    "and _fused_adamw_ records no outputs",
     "ckpt_rng": "class 1's kin: checkpoint's early stop ends the recompute inside its last "
                 "op (the dropout, once its mask is saved), which is recorded with no outputs; "
                 "the pivot is the MulBackward0 reading that mask, producer none",
@@ -93,12 +98,13 @@ class Bug:
     ops first (they are inserted)."""
 
     def __init__(self, fault, rank, step, op, where, inputs_equal, digests, baseline,
-                 diverging=None, reference="reference"):
+                 diverging=None, reference="reference", producer=None):
         self.fault, self.rank, self.step, self.op = fault, rank, step, op
         self.where, self.inputs_equal, self.digests = where, inputs_equal, digests
         self.baseline = (baseline[0], baseline[1] or where)
         self.diverging = diverging or [rank]
         self.reference = reference
+        self.producer = producer  # (op, where) of an inserted op that wrote the pivot's input
 
 
 class Benign:
@@ -187,6 +193,11 @@ class ZooCase(harness.DaemonTestCase):
                          ("zoo_gpt.py", line_in(*bug.where)), text)
         self.assertEqual(first["inputs_equal"], bug.inputs_equal, text)
         self.assertEqual(report["diverging_ranks"], bug.diverging, text)
+        if bug.producer:
+            producer = first["producer"]
+            self.assertIsNotNone(producer, text)
+            self.assertEqual((producer["run"], producer["op"]["op"], producer["op"]["site"]["line"]),
+                             ("suspect", bug.producer[0], line_in(*bug.producer[1])), text)
 
     def run_benign(self, name, benign):
         self.check_known_miss(name)
@@ -253,6 +264,14 @@ Ddp = cases("ddp", {
         where=("averaging_hook", "buffer.div_("), inputs_equal=False,
         digests=(1, "grads", [0, 1]), baseline=("aten::div_", None), reference="comm_hook"),
     "grad_norm_log": Benign("grad_norm_log"),
+    # An inserted in-place division per gradient: the first paired op reading
+    # the gradients is clip_grad_norm_'s norm, and the division that wrote
+    # them, which the reference does not run, is its producer.
+    "double_average": Bug(
+        "double_average:-1:1", rank=0, step=1, op="aten::_foreach_norm",
+        where=("train_ddp", "torch.nn.utils.clip_grad_norm_("), inputs_equal=False,
+        digests=(1, "grads", [0, 1]), baseline=("aten::div_", ("train_ddp", "p.grad.div_(")),
+        diverging=[0, 1], producer=("aten::div_", ("train_ddp", "p.grad.div_("))),
 })
 
 # ---- nanoGPT under FSDP2 ---------------------------------------------------

@@ -58,6 +58,7 @@ FAULTS = {
     "lr_warmup": "the warmup formula is off by one (lr 0 at the first step), every rank",
     "clip_max": "one rank clips gradients to another max_norm (its config differs)",
     "hook_div": "a hand-written DDP comm hook divides by twice the world size on one rank",
+    "double_average": "gradients averaged by hand after DDP has averaged them, every rank",
     # fsdp
     "shard_flip": "one bit of a parameter shard flips in memory on one rank",
     "seed": "the model is initialised with a per-rank seed (seed + rank) on one rank",
@@ -304,6 +305,9 @@ def train_ddp(rank, world, steps, digests):
                     digests.add(step, "loss", [loss])
                 loss.backward()
         params = list(raw.parameters())
+        if PLAN.on("double_average"):
+            for p in params:
+                p.grad.div_(world)
         digests.add(step, "grads", [p.grad for p in params])
         if PLAN.variant == "grad_norm_log":
             norms = [p.grad.norm() for p in params]
