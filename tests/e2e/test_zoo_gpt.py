@@ -307,6 +307,9 @@ Tp = cases("tp", {
         where=("MLP.forward", "self.c_fc(x)"), inputs_equal=False,
         digests=(1, "loss", [0, 1]), baseline=FLIP),
     "tp_log": Benign("tp_log"),
+    # A norm per gradient (DTensor shards: a norm and an all-reduce each)
+    # right before AdamW's loop of the same ops per parameter.
+    "tp_grad_norm_log": Benign("tp_grad_norm_log"),
 })
 
 # ---- Megatron-style tensor + sequence parallelism with MoE -----------------

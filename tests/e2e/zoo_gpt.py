@@ -88,6 +88,7 @@ VARIANTS = {
     # tp
     "tp_reorder": "q, k and v split into heads in another order",
     "tp_log": "the loss and activation statistics logged each step",
+    "tp_grad_norm_log": "each gradient's norm logged before the per-parameter AdamW step",
     # megatron
     "mg_logging": "the loss averaged over ranks by an extra all_reduce and logged",
     "grad_sync_reversed": "the sequence-parallel gradients all-reduced in reverse order",
@@ -383,6 +384,9 @@ def train_tp(rank, world, steps, digests):
         loss.backward()
         params = list(model.parameters())
         digests.add(step, "grads", [p.grad for p in params])
+        if PLAN.variant == "tp_grad_norm_log":
+            norms = [p.grad.norm() for p in params]
+            del norms
         opt.step()
         opt.zero_grad(set_to_none=True)
         digests.add(step, "params", params)
