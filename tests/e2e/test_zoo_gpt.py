@@ -16,14 +16,18 @@ How each expectation is confirmed without OpGuard:
   * op and line: the fault is the training code's own (--fault), planted on
     the one line the expectation names; the op is the one that line runs
     (each case's comment says why it, and not a neighbour, is the first to
-    compute other values).
+    compute other values). test_zoo_gpt_baseline.py confirms each by a
+    positional op log taken without OpGuard (zoo_oplog.py, Bug.baseline).
 
 Cases the current product misses are listed in KNOWN_MISSES with the class of
 miss (issue 37's numbering); they are skipped with that reason, and run
 anyway (to check a fix) with OPGUARD_ZOO_RUN_KNOWN_MISSES=1.
 
-One case: python3 -m unittest -v test_zoo_gpt.Ddp.test_sdpa_scale (ctest
-sets the environment: see tests/e2e/CMakeLists.txt, entry torch-2.11.0_e2e_zoo_gpt).
+One case, in ctest's environment for the entry torch-2.11.0_e2e_zoo_gpt
+(OPGUARDD, OPGUARD_CLI, OPGUARD_TEST_PYTHON, OPGUARD_PYTHON_STAGE: `ctest
+--show-only=json-v1` lists them), from tests/e2e:
+  python3 -m unittest -v test_zoo_gpt.Ddp.test_clip_max
+test_zoo_gpt_stress.py reruns the Megatron-style model clean under load.
 """
 import ast
 import json
@@ -47,9 +51,9 @@ KNOWN_MISSES = {
                   "the all-gather",
     "sp_grad_sync": "class 1: _fused_adamw_ records no outputs (the partial LayerNorm "
                     "gradients it reads are never compared after it)",
-    "ckpt_rng": "none of the five: the recompute's dropout is paired but not flagged (its "
-                "output is cut short by checkpoint's early stop?); the pivot is the "
-                "MulBackward0 reading the mask it drew",
+    "ckpt_rng": "class 1's kin: checkpoint's early stop ends the recompute inside its last "
+                "op (the dropout, once its mask is saved), which is recorded with no outputs; "
+                "the pivot is the MulBackward0 reading that mask, producer none",
 }
 
 
@@ -77,17 +81,26 @@ def line_in(function, needle):
     raise AssertionError(f"no function {function} in {SCRIPT}")
 
 
+FLIP = ("aten::view", ("flip_one_bit", "local.view(torch.int32)"))
+
+
 class Bug:
     """A planted bug and where OpGuard must put its first divergence.
     `digests`: (step, phase, ranks) where the training's own digests first
-    differ from the reference's."""
+    differ from the reference's. `baseline`: (op, where) of the first op the
+    positional baseline (test_zoo_gpt_baseline.py) finds different on `rank`
+    at `step`, as torch's dispatcher names it below autograd (where None:
+    the same line as OpGuard's); FLIP where the walk meets the flip's own
+    ops first (they are inserted)."""
 
-    def __init__(self, fault, rank, step, op, where, inputs_equal, digests, diverging=None,
-                 reference="reference"):
+    def __init__(self, fault, rank, step, op, where, inputs_equal, digests, baseline,
+                 diverging=None, reference="reference", producer=None):
         self.fault, self.rank, self.step, self.op = fault, rank, step, op
         self.where, self.inputs_equal, self.digests = where, inputs_equal, digests
+        self.baseline = (baseline[0], baseline[1] or where)
         self.diverging = diverging or [rank]
         self.reference = reference
+        self.producer = producer  # (op, where) of an inserted op that wrote the pivot's input
 
 
 class Benign:
@@ -176,6 +189,11 @@ class ZooCase(harness.DaemonTestCase):
                          ("zoo_gpt.py", line_in(*bug.where)), text)
         self.assertEqual(first["inputs_equal"], bug.inputs_equal, text)
         self.assertEqual(report["diverging_ranks"], bug.diverging, text)
+        if bug.producer:
+            producer = first["producer"]
+            self.assertIsNotNone(producer, text)
+            self.assertEqual((producer["run"], producer["op"]["op"], producer["op"]["site"]["line"]),
+                             ("suspect", bug.producer[0], line_in(*bug.producer[1])), text)
 
     def run_benign(self, name, benign):
         self.check_known_miss(name)
@@ -201,98 +219,131 @@ def cases(mode, table):
 # ---- nanoGPT under DDP ----------------------------------------------------
 Ddp = cases("ddp", {
     # The attention op itself gets another scale: rank 1's loss differs first.
-    "sdpa_scale": Bug("sdpa_scale:1:1", rank=1, step=1, op="aten::scaled_dot_product_attention",
-                      where=("CausalSelfAttention.forward", "F.scaled_dot_product_attention("),
-                      inputs_equal=False, digests=(1, "loss", [1])),
+    "sdpa_scale": Bug(
+        "sdpa_scale:1:1", rank=1, step=1, op="aten::scaled_dot_product_attention",
+        where=("CausalSelfAttention.forward", "F.scaled_dot_product_attention("),
+        inputs_equal=False, digests=(1, "loss", [1]),
+        baseline=("aten::_scaled_dot_product_flash_attention_for_cpu", None)),
     "sdpa_explicit_scale": Benign("sdpa_explicit_scale"),
     # The division of the loss by another count, in forward, on rank 0.
-    "accum_divisor": Bug("accum_divisor:0:1", rank=0, step=1, op="aten::div",
-                         where=("train_ddp", "loss = loss / (ACCUM"),
-                         inputs_equal=False, digests=(1, "loss", [0])),
+    "accum_divisor": Bug(
+        "accum_divisor:0:1", rank=0, step=1, op="aten::div",
+        where=("train_ddp", "loss = loss / (ACCUM"), inputs_equal=False,
+        digests=(1, "loss", [0]), baseline=("aten::div", None)),
     "accum_mul": Benign("accum_mul"),
     # The recompute's dropout draws another mask: the same input, another
     # output. The loss is the same; the gradients (all-reduced) differ.
-    "ckpt_rng": Bug("ckpt_rng:1:1", rank=1, step=1, op="aten::dropout [recompute]",
-                    where=("MLP.forward", "return self.dropout("),
-                    inputs_equal=True, digests=(1, "grads", [0, 1])),
+    "ckpt_rng": Bug(
+        "ckpt_rng:1:1", rank=1, step=1, op="aten::dropout [recompute]",
+        where=("MLP.forward", "return self.dropout("), inputs_equal=True,
+        digests=(1, "grads", [0, 1]), baseline=("aten::bernoulli_", None)),
     "ckpt_off": Benign("ckpt_off"),
     # lr 0 at step 0: AdamW's decoupled decay (the first op reading lr,
     # params *= 1 - lr * wd, in the decay group) gets another scalar.
-    "lr_warmup": Bug("lr_warmup:-1:0", rank=0, step=0, op="aten::_foreach_mul_",
-                     where=("train_ddp", "opt.step()"), inputs_equal=False,
-                     digests=(0, "params", [0, 1]), diverging=[0, 1]),
+    "lr_warmup": Bug(
+        "lr_warmup:-1:0", rank=0, step=0, op="aten::_foreach_mul_",
+        where=("train_ddp", "opt.step()"), inputs_equal=False,
+        digests=(0, "params", [0, 1]), baseline=("aten::_foreach_mul_", None),
+        diverging=[0, 1]),
     "lr_lambda": Benign("lr_lambda"),
     # clip_grad_norm_'s max_norm / (total_norm + eps) is reciprocal() *
     # max_norm: the mul takes the other max_norm.
-    "clip_max": Bug("clip_max:1:1", rank=1, step=1, op="aten::mul",
-                    where=("train_ddp", "torch.nn.utils.clip_grad_norm_("), inputs_equal=False,
-                    digests=(1, "params", [1])),
+    "clip_max": Bug(
+        "clip_max:1:1", rank=1, step=1, op="aten::mul",
+        where=("train_ddp", "torch.nn.utils.clip_grad_norm_("), inputs_equal=False,
+        digests=(1, "params", [1]), baseline=("aten::mul", None)),
     "clip_loop": Benign("clip_loop"),
     "comm_hook": Benign("comm_hook"),
     # Against the run with the correct hook: the bucket's division.
-    "hook_div": Bug("hook_div:0:1", rank=0, step=1, op="aten::div_",
-                    where=("averaging_hook", "buffer.div_("), inputs_equal=False,
-                    digests=(1, "grads", [0, 1]), reference="comm_hook"),
+    "hook_div": Bug(
+        "hook_div:0:1", rank=0, step=1, op="aten::div_",
+        where=("averaging_hook", "buffer.div_("), inputs_equal=False,
+        digests=(1, "grads", [0, 1]), baseline=("aten::div_", None), reference="comm_hook"),
     "grad_norm_log": Benign("grad_norm_log"),
+    # An inserted in-place division per gradient: the first paired op reading
+    # the gradients is clip_grad_norm_'s norm, and the division that wrote
+    # them, which the reference does not run, is its producer.
+    "double_average": Bug(
+        "double_average:-1:1", rank=0, step=1, op="aten::_foreach_norm",
+        where=("train_ddp", "torch.nn.utils.clip_grad_norm_("), inputs_equal=False,
+        digests=(1, "grads", [0, 1]), baseline=("aten::div_", ("train_ddp", "p.grad.div_(")),
+        diverging=[0, 1], producer=("aten::div_", ("train_ddp", "p.grad.div_("))),
 })
 
 # ---- nanoGPT under FSDP2 ---------------------------------------------------
 Fsdp = cases("fsdp", {
     # The first op reading the flipped shard: block 0's all-gather copy-in,
     # at the block's call (its pre-forward hook).
-    "shard_flip": Bug("shard_flip:1:1", rank=1, step=1, op="fsdp::all_gather_copy_in",
-                      where=("GPT.forward", "x = block(x)"), inputs_equal=False,
-                      digests=(1, "loss", [0, 1])),
+    "shard_flip": Bug(
+        "shard_flip:1:1", rank=1, step=1, op="fsdp::all_gather_copy_in",
+        where=("GPT.forward", "x = block(x)"), inputs_equal=False,
+        digests=(1, "loss", [0, 1]), baseline=FLIP),
     "reshard": Benign("reshard"),
     # Another seed: the first random op of the model's construction (the
     # token embedding's normal_) draws other values from the same input.
-    "seed": Bug("seed:1:0", rank=1, step=0, op="aten::normal_",
-                where=("GPT.__init__", "self.wte = nn.Embedding("), inputs_equal=True,
-                digests=(-1, "init", [1])),
+    "seed": Bug(
+        "seed:1:0", rank=1, step=0, op="aten::normal_",
+        where=("GPT.__init__", "self.wte = nn.Embedding("), inputs_equal=True,
+        digests=(-1, "init", [1]), baseline=("aten::normal_", None)),
     "fsdp_grad_norm_log": Benign("fsdp_grad_norm_log"),
 })
 
 # ---- nanoGPT with DTensor tensor parallelism ------------------------------
 Tp = cases("tp", {
     # Rank 1 draws its batch from its own generator: the randint itself.
-    "tp_data": Bug("tp_data:1:1", rank=1, step=1, op="aten::randint",
-                   where=("batch", "torch.randint("), inputs_equal=True,
-                   digests=(1, "loss", [0, 1])),
+    "tp_data": Bug(
+        "tp_data:1:1", rank=1, step=1, op="aten::randint",
+        where=("batch", "torch.randint("), inputs_equal=True,
+        digests=(1, "loss", [0, 1]), baseline=("aten::randint", None)),
     "tp_reorder": Benign("tp_reorder"),
     # The local transpose of the flipped weight shard (a DTensor Linear runs
     # aten::t on the shard first).
-    "tp_flip": Bug("tp_flip:0:1", rank=0, step=1, op="aten::t",
-                   where=("MLP.forward", "self.c_fc(x)"), inputs_equal=False,
-                   digests=(1, "loss", [0, 1])),
+    "tp_flip": Bug(
+        "tp_flip:0:1", rank=0, step=1, op="aten::t",
+        where=("MLP.forward", "self.c_fc(x)"), inputs_equal=False,
+        digests=(1, "loss", [0, 1]), baseline=FLIP),
     "tp_log": Benign("tp_log"),
+    # A norm per gradient (DTensor shards: a norm and an all-reduce each)
+    # right before AdamW's loop of the same ops per parameter.
+    "tp_grad_norm_log": Benign("tp_grad_norm_log"),
 })
 
 # ---- Megatron-style tensor + sequence parallelism with MoE -----------------
 Megatron = cases("megatron", {
-    "sp_narrow": Bug("sp_narrow:1:1", rank=1, step=1, op="aten::narrow",
-                     where=("own_sequence_chunk", "x.narrow("), inputs_equal=False,
-                     digests=(1, "loss", [0, 1])),
+    # The narrow takes another start; its contiguous copy is what the
+    # baseline (which hashes no views) sees.
+    "sp_narrow": Bug(
+        "sp_narrow:1:1", rank=1, step=1, op="aten::narrow",
+        where=("own_sequence_chunk", "x.narrow("), inputs_equal=False,
+        digests=(1, "loss", [0, 1]), baseline=("aten::clone", None)),
     "mg_logging": Benign("mg_logging"),
-    "moe_combine": Bug("moe_combine:0:1", rank=0, step=1, op="aten::gather",
-                       where=("MoE.forward", "gate = (probs if not"), inputs_equal=False,
-                       digests=(1, "loss", [0, 1])),
+    "moe_combine": Bug(
+        "moe_combine:0:1", rank=0, step=1, op="aten::gather",
+        where=("MoE.forward", "gate = (probs if not"), inputs_equal=False,
+        digests=(1, "loss", [0, 1]), baseline=("aten::gather", None)),
     "moe_reorder": Benign("moe_reorder"),
     # The expert's first matmul reads the flipped token.
-    "a2a_flip": Bug("a2a_flip:1:1", rank=1, step=1, op="aten::matmul",
-                    where=("MoE.forward", "hidden = F.gelu(torch.matmul(received"),
-                    inputs_equal=False, digests=(1, "loss", [0, 1])),
+    "a2a_flip": Bug(
+        "a2a_flip:1:1", rank=1, step=1, op="aten::matmul",
+        where=("MoE.forward", "hidden = F.gelu(torch.matmul(received"), inputs_equal=False,
+        digests=(1, "loss", [0, 1]), baseline=FLIP),
     # Cosine decay over other steps: lr first differs at step 1 (ratio 0 at
     # step 0 either way), in the fused AdamW step.
-    "lr_cosine": Bug("lr_cosine:-1:0", rank=0, step=1, op="aten::_fused_adamw_",
-                     where=("train_megatron", "opt.step()"), inputs_equal=False,
-                     digests=(1, "params", [0, 1]), diverging=[0, 1]),
+    "lr_cosine": Bug(
+        "lr_cosine:-1:0", rank=0, step=1, op="aten::_fused_adamw_",
+        where=("train_megatron", "opt.step()"), inputs_equal=False,
+        digests=(1, "params", [0, 1]), baseline=("aten::_fused_adamw_", None),
+        diverging=[0, 1]),
     # The LayerNorm gradients stay partial: the fused AdamW step reads them.
-    "sp_grad_sync": Bug("sp_grad_sync:-1:1", rank=0, step=1, op="aten::_fused_adamw_",
-                        where=("train_megatron", "opt.step()"), inputs_equal=False,
-                        digests=(1, "grads", [0, 1]), diverging=[0, 1]),
+    # The baseline's walk meets the optimizer step where the reference still
+    # all-reduces.
+    "sp_grad_sync": Bug(
+        "sp_grad_sync:-1:1", rank=0, step=1, op="aten::_fused_adamw_",
+        where=("train_megatron", "opt.step()"), inputs_equal=False,
+        digests=(1, "grads", [0, 1]),
+        baseline=("profiler::_record_function_enter_new", None), diverging=[0, 1]),
     "grad_sync_reversed": Benign("grad_sync_reversed"),
 })
-
 
 if __name__ == "__main__":
     unittest.main()

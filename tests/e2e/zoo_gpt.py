@@ -58,6 +58,7 @@ FAULTS = {
     "lr_warmup": "the warmup formula is off by one (lr 0 at the first step), every rank",
     "clip_max": "one rank clips gradients to another max_norm (its config differs)",
     "hook_div": "a hand-written DDP comm hook divides by twice the world size on one rank",
+    "double_average": "gradients averaged by hand after DDP has averaged them, every rank",
     # fsdp
     "shard_flip": "one bit of a parameter shard flips in memory on one rank",
     "seed": "the model is initialised with a per-rank seed (seed + rank) on one rank",
@@ -87,6 +88,7 @@ VARIANTS = {
     # tp
     "tp_reorder": "q, k and v split into heads in another order",
     "tp_log": "the loss and activation statistics logged each step",
+    "tp_grad_norm_log": "each gradient's norm logged before the per-parameter AdamW step",
     # megatron
     "mg_logging": "the loss averaged over ranks by an extra all_reduce and logged",
     "grad_sync_reversed": "the sequence-parallel gradients all-reduced in reverse order",
@@ -304,6 +306,9 @@ def train_ddp(rank, world, steps, digests):
                     digests.add(step, "loss", [loss])
                 loss.backward()
         params = list(raw.parameters())
+        if PLAN.on("double_average"):
+            for p in params:
+                p.grad.div_(world)
         digests.add(step, "grads", [p.grad for p in params])
         if PLAN.variant == "grad_norm_log":
             norms = [p.grad.norm() for p in params]
@@ -379,6 +384,9 @@ def train_tp(rank, world, steps, digests):
         loss.backward()
         params = list(model.parameters())
         digests.add(step, "grads", [p.grad for p in params])
+        if PLAN.variant == "tp_grad_norm_log":
+            norms = [p.grad.norm() for p in params]
+            del norms
         opt.step()
         opt.zero_grad(set_to_none=True)
         digests.add(step, "params", params)
@@ -663,7 +671,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--mode", choices=MODES, required=True)
     parser.add_argument("--steps", type=int, default=2)
-    parser.add_argument("--fault", default="", help="NAME:RANK:STEP, NAME one of " + ", ".join(FAULTS))
+    parser.add_argument("--fault", default="",
+                        help="NAME:RANK:STEP, NAME one of " + ", ".join(FAULTS))
     parser.add_argument("--variant", default="", help="one of " + ", ".join(VARIANTS))
     parser.add_argument("--digests", default="", help="folder for each rank's digests")
     parser.add_argument("--oplog", default="",
