@@ -105,6 +105,14 @@ Status PrepareLocalDirs(const std::string& local_dir, const std::string& data_di
   for (const auto& endpoint : ipc_endpoints) {
     if (endpoint.rfind("ipc://", 0) != 0) continue;
     const std::string folder = fs::path(endpoint.substr(6)).parent_path().string();
+    // A socket dir the daemon is about to create is made with the socket
+    // group's mode (0750, group-owned: the jobs of socket_group connect);
+    // only where it lies is checked here. One that exists is checked whole.
+    struct stat st {};
+    if (!folder.empty() && ::lstat(Normal(folder).c_str(), &st) != 0 && errno == ENOENT) {
+      OPGUARD_RETURN_IF_ERROR(CheckAncestors(Normal(folder), "socket dir"));
+      continue;
+    }
     OPGUARD_RETURN_IF_ERROR(CheckPrivateDir(folder.empty() ? "." : folder, "socket dir", true));
   }
   return Status::Ok();
