@@ -213,8 +213,7 @@ bool CollectOutput(const at::Tensor& t, OpContext& ctx, ThreadState& ts) {
 //    outer tensor's after the op has returned, a wrapper's inner tensor's
 //    never), so the cache would give its output the fingerprint the target
 //    had before the write. An input it returns is marked written here, the
-//    arguments its schema marks written by CollectOutputs (their versions
-//    did not move);
+//    arguments its schema marks written by CollectOutputs, as for every op;
 //  - a view it returns (aten::t of a weight, in every Linear) gets a version
 //    counter of its own, at 0 whatever was written to the storage before: a
 //    later view of the same bytes and layout, made after the base was
@@ -329,8 +328,7 @@ bool CollectOutputs(c10::ArrayRef<c10::IValue> outputs, bool allocates, OpContex
       }
     }
   }
-  for (size_t i = 0; i < ctx.written.size(); ++i) {
-    const at::Tensor& t = ctx.written[i];
+  for (const at::Tensor& t : ctx.written) {
     if (Returned(returned, t)) continue;
     returned.push_back(t.unsafeGetTensorImpl());  // a tensor written through two arguments: once
     if (t.has_storage()) ts.uninitialised.Remove(t);
