@@ -305,6 +305,14 @@ bool Returned(const c10::SmallVectorImpl<const c10::TensorImpl*>& returned, cons
 // fingerprint cached through one counter for a tensor of another counter at
 // the same count: reading `p.data` (its counter at 0) after `p.mul_(2)` gave
 // the bytes p had before.
+//
+// A written tensor that is not returned stays in the uninitialised-memory set
+// if it was there (only a returned one leaves it, TrackUninitialised): FSDP2
+// frees and reallocates its unsharded parameters' storages between forward
+// and backward with UntypedStorage.resize_, no op, and its backward reads
+// them (views) before fsdp::split_with_sizes_copy writes them again. Taken
+// out at the forward's copy, those reads showed each run's garbage as
+// evidence.
 bool CollectOutputs(c10::ArrayRef<c10::IValue> outputs, bool allocates, OpContext& ctx,
                     ThreadState& ts) {
   for (const at::Tensor& t : ctx.written) {
@@ -331,7 +339,6 @@ bool CollectOutputs(c10::ArrayRef<c10::IValue> outputs, bool allocates, OpContex
   for (const at::Tensor& t : ctx.written) {
     if (Returned(returned, t)) continue;
     returned.push_back(t.unsafeGetTensorImpl());  // a tensor written through two arguments: once
-    if (t.has_storage()) ts.uninitialised.Remove(t);
     if (!CollectOutput(t, ctx, ts)) return false;
   }
   return true;
