@@ -213,8 +213,7 @@ bool CollectOutput(const at::Tensor& t, OpContext& ctx, ThreadState& ts) {
 //    outer tensor's after the op has returned, a wrapper's inner tensor's
 //    never), so the cache would give its output the fingerprint the target
 //    had before the write. An input it returns is marked written here, the
-//    arguments its schema marks written by CollectOutputs (their versions
-//    did not move);
+//    arguments its schema marks written by CollectOutputs, as for every op;
 //  - a view it returns (aten::t of a weight, in every Linear) gets a version
 //    counter of its own, at 0 whatever was written to the storage before: a
 //    later view of the same bytes and layout, made after the base was
@@ -306,6 +305,14 @@ bool Returned(const c10::SmallVectorImpl<const c10::TensorImpl*>& returned, cons
 // fingerprint cached through one counter for a tensor of another counter at
 // the same count: reading `p.data` (its counter at 0) after `p.mul_(2)` gave
 // the bytes p had before.
+//
+// A written tensor that is not returned stays in the uninitialised-memory set
+// if it was there (only a returned one leaves it, TrackUninitialised): FSDP2
+// frees and reallocates its unsharded parameters' storages between forward
+// and backward with UntypedStorage.resize_, no op, and its backward reads
+// them (views) before fsdp::split_with_sizes_copy writes them again. Taken
+// out at the forward's copy, those reads showed each run's garbage as
+// evidence.
 bool CollectOutputs(c10::ArrayRef<c10::IValue> outputs, bool allocates, OpContext& ctx,
                     ThreadState& ts) {
   for (const at::Tensor& t : ctx.written) {
@@ -329,11 +336,9 @@ bool CollectOutputs(c10::ArrayRef<c10::IValue> outputs, bool allocates, OpContex
       }
     }
   }
-  for (size_t i = 0; i < ctx.written.size(); ++i) {
-    const at::Tensor& t = ctx.written[i];
+  for (const at::Tensor& t : ctx.written) {
     if (Returned(returned, t)) continue;
     returned.push_back(t.unsafeGetTensorImpl());  // a tensor written through two arguments: once
-    if (t.has_storage()) ts.uninitialised.Remove(t);
     if (!CollectOutput(t, ctx, ts)) return false;
   }
   return true;
