@@ -43,14 +43,9 @@ STEPS = 2
 
 # Case name -> why the current product misses it (issue 37's classes).
 KNOWN_MISSES = {
-    "lr_warmup": "class 1: AdamW(foreach=True)'s _foreach_mul_ records no outputs; first "
-                 "seen at the next step's embedding",
-    "lr_cosine": "class 1: _fused_adamw_ records no outputs; with nothing reading the "
-                 "parameters after the last step, the runs compare identical",
-    "shard_flip": "class 1: fsdp::all_gather_copy_in records no outputs; first seen at "
-                  "the all-gather",
-    "sp_grad_sync": "class 1: _fused_adamw_ records no outputs (the partial LayerNorm "
-                    "gradients it reads are never compared after it)",
+    "shard_flip": "class 1's kin: fsdp::all_gather_copy_in writes one rank's slice of a "
+                  "torch.empty buffer, so its outputs are flagged uninitialised memory (never "
+                  "evidence); the first divergence is seen at the all-gather that reads the slice",
     "ckpt_rng": "class 1's kin: checkpoint's early stop ends the recompute inside its last "
                 "op (the dropout, once its mask is saved), which is recorded with no outputs; "
                 "the pivot is the MulBackward0 reading that mask, producer none",
