@@ -7,48 +7,11 @@
 #include <string>
 #include <utility>
 
+#include "lanes.h"
 #include "view.h"
 
 namespace opguard::aligner {
 namespace {
-
-const LaneTrace* FindLane(const RankTrace& t, uint32_t lane) {
-  for (const LaneTrace& l : t.lanes) {
-    if (l.lane == lane) return &l;
-  }
-  return nullptr;
-}
-
-// What AlignLane needs of a trace to be safe: each lane once, indexable by
-// a Pair's 32-bit positions.
-Status ValidateLanes(const RankTrace& t, const char* which) {
-  std::set<uint32_t> lanes;
-  for (const LaneTrace& l : t.lanes) {
-    if (!lanes.insert(l.lane).second) {
-      return InvalidArgument(std::string(which) + " rank " + std::to_string(t.rank) + ": lane " +
-                             std::to_string(l.lane) + " appears twice");
-    }
-    if (l.ops.size() >= (uint64_t{1} << 32)) {
-      return InvalidArgument(std::string(which) + " rank " + std::to_string(t.rank) + " lane " +
-                             std::to_string(l.lane) + ": more than 2^32 ops");
-    }
-  }
-  return Status::Ok();
-}
-
-// Ascending op indices on every lane: a pass over every op.
-Status ValidateOrder(const RankTrace& t, const char* which) {
-  for (const LaneTrace& l : t.lanes) {
-    for (size_t k = 1; k < l.ops.size(); ++k) {
-      if (l.ops[k].op_index <= l.ops[k - 1].op_index) {
-        return InvalidArgument(std::string(which) + " rank " + std::to_string(t.rank) + " lane " +
-                               std::to_string(l.lane) + ": op indices not ascending at op #" +
-                               std::to_string(l.ops[k].op_index));
-      }
-    }
-  }
-  return Status::Ok();
-}
 
 // Traces of at least this many ops (both runs together) have their order
 // checked on a second thread while the lanes are aligned: the check is a

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "opguard/aligner/align.h"
+#include "lanes.h"
 #include "view.h"
 
 namespace opguard::aligner {
@@ -25,32 +26,8 @@ std::vector<OpEvent> Within(const LaneTrace& lane, uint64_t max_steps) {
 }
 
 Status CheckTrace(const RankTrace& t, const char* which) {
-  std::set<uint32_t> lanes;
-  for (const LaneTrace& l : t.lanes) {
-    if (!lanes.insert(l.lane).second) {
-      return InvalidArgument(std::string(which) + " rank " + std::to_string(t.rank) + ": lane " +
-                             std::to_string(l.lane) + " appears twice");
-    }
-    if (l.ops.size() >= (uint64_t{1} << 32)) {
-      return InvalidArgument(std::string(which) + " rank " + std::to_string(t.rank) + " lane " +
-                             std::to_string(l.lane) + ": more than 2^32 ops");
-    }
-    for (size_t k = 1; k < l.ops.size(); ++k) {
-      if (l.ops[k].op_index <= l.ops[k - 1].op_index) {
-        return InvalidArgument(std::string(which) + " rank " + std::to_string(t.rank) + " lane " +
-                               std::to_string(l.lane) + ": op indices not ascending at op #" +
-                               std::to_string(l.ops[k].op_index));
-      }
-    }
-  }
-  return Status::Ok();
-}
-
-const LaneTrace* FindLane(const RankTrace& t, uint32_t lane) {
-  for (const LaneTrace& l : t.lanes) {
-    if (l.lane == lane) return &l;
-  }
-  return nullptr;
+  OPGUARD_RETURN_IF_ERROR(ValidateLanes(t, which));
+  return ValidateOrder(t, which);
 }
 
 struct FirstPair {
