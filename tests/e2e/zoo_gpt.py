@@ -47,6 +47,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from fault_plan import Plan
 from train_gpt import before_process_groups, spawn_ranks
 
 FAULTS = {
@@ -99,21 +100,6 @@ MODES = ("ddp", "fsdp", "tp", "megatron")
 VOCAB, D_MODEL, HEADS, LAYERS, SEQ, BATCH = 64, 32, 2, 2, 16, 2
 ACCUM = 2  # micro-batches per step (ddp)
 SEED = 1234
-
-
-class Plan:
-    """Which fault or variant this rank runs now."""
-
-    def __init__(self, fault, variant, rank):
-        name, fault_rank, fault_step = (fault.split(":") + ["", "-1", "0"])[:3] if fault else (
-            "", "-1", "0")
-        self.fault, self.variant = name, variant
-        self.rank, self.fault_rank, self.fault_step = rank, int(fault_rank), int(fault_step)
-        self.step = 0
-
-    def on(self, name):
-        return (self.fault == name and self.step >= self.fault_step
-                and self.fault_rank in (-1, self.rank))
 
 
 PLAN = None

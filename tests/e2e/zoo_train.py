@@ -21,6 +21,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from fault_plan import Plan
 from train_gpt import before_process_groups, spawn_ranks
 
 FAULTS = {
@@ -38,21 +39,6 @@ VARIANTS = {
     "other_branch": "the other of two branches whose projection lines are identical",
     "optimizer_function": "the same update math in another function, called from elsewhere",
 }
-
-
-class Plan:
-    """Which fault or variant this rank runs now."""
-
-    def __init__(self, fault, variant, rank):
-        name, fault_rank, fault_step = (fault.split(":") + ["", "-1", "0"])[:3] if fault else (
-            "", "-1", "0")
-        self.fault, self.variant = name, variant
-        self.rank, self.fault_rank, self.fault_step = rank, int(fault_rank), int(fault_step)
-        self.step = 0
-
-    def on(self, name):
-        return (self.fault == name and self.step >= self.fault_step
-                and self.fault_rank in (-1, self.rank))
 
 
 PLAN = None
